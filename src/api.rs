@@ -1,0 +1,183 @@
+//! Wire types shared by the daemon and the shim: the multus thick-plugin
+//! protocol (`POST /cni` with `{"env", "config"}`) plus CNI error JSON.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+/// Name of the socket inside the socket directory.
+pub const SOCKET_NAME: &str = "plexus.sock";
+/// Default socket directory.
+pub const DEFAULT_SOCKET_DIR: &str = "/run/plexus";
+
+pub const PATH_CNI: &str = "/cni";
+pub const PATH_DELEGATE: &str = "/delegate";
+pub const PATH_HEALTHZ: &str = "/healthz";
+pub const PATH_READYZ: &str = "/readyz";
+pub const PATH_METRICS: &str = "/metrics";
+
+/// Largest request body the daemon accepts.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// CNI error codes used by Plexus (CNI spec, "Error" section).
+pub mod code {
+    /// Incompatible CNI version.
+    pub const INCOMPATIBLE_VERSION: u32 = 1;
+    /// Unsupported field in network configuration.
+    pub const UNSUPPORTED_FIELD: u32 = 2;
+    /// Container unknown or does not exist.
+    pub const UNKNOWN_CONTAINER: u32 = 3;
+    /// Invalid necessary environment variables.
+    pub const INVALID_ENVIRONMENT: u32 = 4;
+    /// I/O failure.
+    pub const IO_FAILURE: u32 = 5;
+    /// Failed to decode content.
+    pub const DECODING_FAILURE: u32 = 6;
+    /// Invalid network config.
+    pub const INVALID_NETWORK_CONFIG: u32 = 7;
+    /// Try again later.
+    pub const TRY_AGAIN_LATER: u32 = 11;
+    /// Plugin not available.
+    pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
+    /// Internal error (first plugin-specific code).
+    pub const INTERNAL: u32 = 100;
+}
+
+/// The body of `POST /cni` and `POST /delegate`.
+///
+/// `config` holds the raw CNI config bytes; on the wire it is standard
+/// base64 with padding, as Go marshals a `[]byte`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, with = "base64_bytes", skip_serializing_if = "Vec::is_empty")]
+    pub config: Vec<u8>,
+    #[serde(
+        default,
+        rename = "interfaceAttributes",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub interface_attributes: Option<serde_json::Value>,
+}
+
+impl Request {
+    /// The value of one CNI environment variable, if present.
+    pub fn env_var(&self, key: &str) -> Option<&str> {
+        self.env.get(key).map(String::as_str)
+    }
+}
+
+/// The ADD success body: `{"Result": <CNI result>}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AddResponse {
+    #[serde(rename = "Result")]
+    pub result: serde_json::Value,
+}
+
+/// A CNI error object, as plugins print it and as the daemon answers errors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CniError {
+    #[serde(
+        default,
+        rename = "cniVersion",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cni_version: Option<String>,
+    pub code: u32,
+    pub msg: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub details: String,
+}
+
+impl CniError {
+    pub fn new(code: u32, msg: impl Into<String>) -> Self {
+        Self {
+            cni_version: None,
+            code,
+            msg: msg.into(),
+            details: String::new(),
+        }
+    }
+
+    pub fn with_details(mut self, details: impl Into<String>) -> Self {
+        self.details = details.into();
+        self
+    }
+
+    /// Serialises to compact JSON; never fails for this type.
+    pub fn to_json(&self) -> String {
+        // A struct of strings and integers always serialises.
+        serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
+    }
+}
+
+impl std::fmt::Display for CniError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (code {})", self.msg, self.code)?;
+        if !self.details.is_empty() {
+            write!(f, ": {}", self.details)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CniError {}
+
+mod base64_bytes {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        // Go encodes a nil []byte as JSON null.
+        let text: Option<String> = Option::deserialize(d)?;
+        match text {
+            None => Ok(Vec::new()),
+            Some(t) => base64::engine::general_purpose::STANDARD
+                .decode(t.as_bytes())
+                .map_err(|e| serde::de::Error::custom(format!("config is not valid base64: {e}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_roundtrip_should_encode_config_as_base64() {
+        let mut req = Request::default();
+        req.env.insert("CNI_COMMAND".into(), "ADD".into());
+        req.config = br#"{"cniVersion":"1.0.0"}"#.to_vec();
+        let json = serde_json::to_string(&req).unwrap();
+        assert_eq!(
+            json,
+            r#"{"env":{"CNI_COMMAND":"ADD"},"config":"eyJjbmlWZXJzaW9uIjoiMS4wLjAifQ=="}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), req);
+    }
+
+    #[test]
+    fn request_with_null_config_should_parse_as_empty() {
+        let req: Request = serde_json::from_str(r#"{"env":{},"config":null}"#).unwrap();
+        assert!(req.config.is_empty());
+    }
+
+    #[test]
+    fn request_with_bad_base64_should_fail() {
+        assert!(serde_json::from_str::<Request>(r#"{"config":"!!"}"#).is_err());
+    }
+
+    #[test]
+    fn cni_error_should_omit_empty_details() {
+        assert_eq!(
+            CniError::new(11, "try again later").to_json(),
+            r#"{"code":11,"msg":"try again later"}"#
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! `plexusd`: args -> config -> logging -> listener -> runtime -> daemon::run -> exit code.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use plexus::{activation, config, daemon, logging, notify};
+use tracing::{error, warn};
+
+/// EX_CONFIG: the configuration is wrong; systemd does not restart on it.
+const EXIT_CONFIG: u8 = 78;
+/// EX_OSERR: the operating system refused something we need.
+const EXIT_OS: u8 = 71;
+
+/// The Plexus daemon: runs CNI plugin chains for the plexus-shim.
+#[derive(Debug, Parser)]
+#[command(name = "plexusd", version, about)]
+struct Args {
+    /// Daemon configuration file (multus daemon-config.json schema).
+    #[arg(long, short = 'c', value_name = "FILE", default_value = config::DEFAULT_CONFIG_PATH)]
+    config: PathBuf,
+    /// Validate the configuration, report every problem, and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let missing_ok = args.config.as_os_str() == config::DEFAULT_CONFIG_PATH;
+    let config = match config::Config::load(&args.config, missing_ok) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("plexusd: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if args.check_config {
+        for key in &config.unknown_keys {
+            eprintln!(
+                "plexusd: warning: {}: unknown key {key:?} is ignored",
+                config.path.display()
+            );
+        }
+        println!("{}: configuration is valid", config.path.display());
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = logging::init(&config.logging) {
+        eprintln!("plexusd: {:#}", anyhow::Error::from(e));
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    for key in &config.unknown_keys {
+        warn!(file = %config.path.display(), key, "unknown configuration key is ignored");
+    }
+    // Before any thread exists: this clears LISTEN_* from the environment.
+    let listeners = match activation::take(&config.activation) {
+        Ok(l) => l,
+        Err(e) => {
+            error!("{:#}", anyhow::Error::from(e));
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let notifier = notify::Notifier::from_env().unwrap_or_else(|e| {
+        warn!(cause = %e, "NOTIFY_SOCKET is unusable; not notifying");
+        notify::Notifier::disabled()
+    });
+    let watchdog = notify::watchdog_interval(
+        std::env::var(notify::ENV_WATCHDOG_USEC).ok().as_deref(),
+        std::env::var(notify::ENV_WATCHDOG_PID).ok().as_deref(),
+        std::process::id(),
+    );
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("plexusd")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            error!(cause = %e, "cannot start the async runtime");
+            return ExitCode::from(EXIT_OS);
+        }
+    };
+    let env = daemon::Environment { notifier, watchdog };
+    match runtime.block_on(daemon::run(config, listeners, env, daemon::Unconfigured)) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,463 @@
+//! daemon-config.json -> validated settings, one `Config` per module.
+//!
+//! The file uses the multus `daemon-config.json` schema plus Plexus keys.
+//! Parsing happens in two stages: the file is read as a JSON object, then
+//! every key is checked on its own so that *all* problems are reported at
+//! once, each naming the file, the key and what is wrong.
+
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::{activation, api, daemon, duration, limit, logging, server};
+
+/// Where the daemon looks for its configuration by default.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/plexus/daemon-config.json";
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Keys of the multus schema that Plexus accepts without complaint even
+/// where it does not act on them (yet); anything else gets a warning.
+const KNOWN_KEYS: &[&str] = &[
+    // Plexus and multus server keys handled here.
+    "socketDir",
+    "connectionLimit",
+    "queueTimeout",
+    "maxConnections",
+    "readTimeout",
+    "shutdownTimeout",
+    "idleTimeout",
+    "logLevel",
+    "logFile",
+    "logToStderr",
+    "metricsPort",
+    // Engine and network keys.
+    "binDir",
+    "confDir",
+    "cniDir",
+    "stateDir",
+    "pluginTimeout",
+    "clusterNetwork",
+    "defaultNetworks",
+    "delegates",
+    "systemNamespaces",
+    "multusNamespace",
+    "namespaceIsolation",
+    "globalNamespaces",
+    "auxiliaryCNIChainName",
+    "retryDeleteOnError",
+    "readinessindicatorfile",
+    "kubeconfig",
+    "runtimeConfig",
+    "capabilities",
+    // multus generator and deployment keys.
+    "chrootDir",
+    "enablePprof",
+    "perNodeCertificate",
+    "multusConfigFile",
+    "multusAutoconfigDir",
+    "cniConfigDir",
+    "multusMasterCNI",
+    "cniVersion",
+    "forceCNIVersion",
+    "overrideNetworkName",
+    "daemonSocketDir",
+    "type",
+    "name",
+    "logOptions",
+];
+
+/// One problem with the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub file: PathBuf,
+    /// The offending key; empty when the whole file is at fault.
+    pub key: String,
+    pub why: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}: {}", self.file.display(), self.why)
+        } else {
+            write!(
+                f,
+                "{}: key {:?}: {}",
+                self.file.display(),
+                self.key,
+                self.why
+            )
+        }
+    }
+}
+
+/// Every problem found in one configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct Error {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(
+            f,
+            "invalid configuration ({n} problem{})",
+            if n == 1 { "" } else { "s" }
+        )?;
+        for p in &self.problems {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The validated configuration, split by the module that uses it.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this came from (or the default path when it was absent).
+    pub path: PathBuf,
+    pub activation: activation::Config,
+    pub limit: limit::Config,
+    pub server: server::Config,
+    pub logging: logging::Config,
+    pub daemon: daemon::Config,
+    /// Keys that are neither Plexus nor multus keys (probably typos).
+    pub unknown_keys: Vec<String>,
+    /// The file's top-level object, kept for the per-request overlay.
+    pub raw: Map<String, Value>,
+}
+
+impl Config {
+    /// Reads and validates `path`. A missing file is an error unless
+    /// `missing_ok` (the default path on a host without a config file).
+    pub fn load(path: &Path, missing_ok: bool) -> Result<Self> {
+        let problem = |why: String| Error {
+            problems: vec![Problem {
+                file: path.to_path_buf(),
+                key: String::new(),
+                why,
+            }],
+        };
+        let text = match std::fs::read(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && missing_ok => {
+                return Self::from_json(path, b"{}");
+            }
+            Err(e) => return Err(problem(format!("cannot read the file: {e}"))),
+        };
+        Self::from_json(path, &text)
+    }
+
+    /// Validates the JSON text of a configuration file named `path`.
+    pub fn from_json(path: &Path, text: &[u8]) -> Result<Self> {
+        let value: Value = serde_json::from_slice(text).map_err(|e| Error {
+            problems: vec![Problem {
+                file: path.to_path_buf(),
+                key: String::new(),
+                why: format!("not valid JSON: {e}"),
+            }],
+        })?;
+        let Value::Object(raw) = value else {
+            return Err(Error {
+                problems: vec![Problem {
+                    file: path.to_path_buf(),
+                    key: String::new(),
+                    why: "the top level must be a JSON object".into(),
+                }],
+            });
+        };
+        let mut f = Fields {
+            file: path,
+            obj: &raw,
+            problems: Vec::new(),
+        };
+
+        let socket_dir = f
+            .path("socketDir")
+            .unwrap_or_else(|| PathBuf::from(api::DEFAULT_SOCKET_DIR));
+        let connection_limit = f.positive("connectionLimit");
+        let queue_timeout = f.duration("queueTimeout").unwrap_or(DEFAULT_QUEUE_TIMEOUT);
+        let max_connections = f
+            .positive("maxConnections")
+            .unwrap_or(NonZeroUsize::new(DEFAULT_MAX_CONNECTIONS).unwrap_or(NonZeroUsize::MIN));
+        let read_timeout = f
+            .nonzero_duration("readTimeout")
+            .unwrap_or(DEFAULT_READ_TIMEOUT);
+        let shutdown_timeout = f
+            .duration("shutdownTimeout")
+            .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT);
+        let idle_timeout = f.duration("idleTimeout").filter(|d| !d.is_zero());
+        let level = f.log_level("logLevel").unwrap_or(logging::Level::Info);
+        let log_file = f.path("logFile");
+        let log_to_stderr = f.bool("logToStderr").unwrap_or(log_file.is_none());
+        let metrics_port = f.port("metricsPort");
+        // Keys the engine will use: check their types now so a broken file
+        // fails at start-up rather than on the first request.
+        for key in ["binDir", "confDir", "cniDir", "stateDir", "clusterNetwork"] {
+            f.string(key);
+        }
+        f.duration("pluginTimeout");
+
+        let unknown_keys = raw
+            .keys()
+            .filter(|k| !KNOWN_KEYS.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        if !f.problems.is_empty() {
+            return Err(Error {
+                problems: f.problems,
+            });
+        }
+        Ok(Config {
+            path: path.to_path_buf(),
+            activation: activation::Config { socket_dir },
+            limit: limit::Config {
+                connection_limit,
+                queue_timeout,
+                max_connections,
+            },
+            server: server::Config {
+                read_timeout,
+                max_body_bytes: api::MAX_BODY_BYTES,
+            },
+            logging: logging::Config {
+                level,
+                file: log_file,
+                to_stderr: log_to_stderr,
+            },
+            daemon: daemon::Config {
+                shutdown_timeout,
+                idle_timeout,
+                metrics_port,
+            },
+            unknown_keys,
+            raw,
+        })
+    }
+}
+
+/// Typed access to the keys of one file, collecting problems.
+struct Fields<'a> {
+    file: &'a Path,
+    obj: &'a Map<String, Value>,
+    problems: Vec<Problem>,
+}
+
+impl Fields<'_> {
+    fn problem(&mut self, key: &str, why: impl Into<String>) {
+        self.problems.push(Problem {
+            file: self.file.to_path_buf(),
+            key: key.to_string(),
+            why: why.into(),
+        });
+    }
+
+    /// The value of `key`, treating JSON null like an absent key.
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    fn string(&mut self, key: &str) -> Option<String> {
+        match self.get(key)? {
+            Value::String(s) => Some(s.clone()),
+            other => {
+                let why = format!("must be a string, found {}", kind(other));
+                self.problem(key, why);
+                None
+            }
+        }
+    }
+
+    fn path(&mut self, key: &str) -> Option<PathBuf> {
+        let s = self.string(key)?;
+        if s.is_empty() {
+            self.problem(key, "must not be empty");
+            return None;
+        }
+        Some(PathBuf::from(s))
+    }
+
+    fn bool(&mut self, key: &str) -> Option<bool> {
+        match self.get(key)? {
+            Value::Bool(b) => Some(*b),
+            other => {
+                let why = format!("must be true or false, found {}", kind(other));
+                self.problem(key, why);
+                None
+            }
+        }
+    }
+
+    fn positive(&mut self, key: &str) -> Option<NonZeroUsize> {
+        let v = self.get(key)?;
+        match v.as_i64() {
+            Some(n) if n > 0 => usize::try_from(n).ok().and_then(NonZeroUsize::new),
+            Some(n) => {
+                self.problem(key, format!("must be greater than 0, got {n}"));
+                None
+            }
+            None => {
+                let why = format!("must be a whole number greater than 0, found {}", kind(v));
+                self.problem(key, why);
+                None
+            }
+        }
+    }
+
+    fn port(&mut self, key: &str) -> Option<u16> {
+        let v = self.get(key)?;
+        match v.as_i64() {
+            Some(n) if (1..=65535).contains(&n) => u16::try_from(n).ok(),
+            _ => {
+                self.problem(
+                    key,
+                    format!("must be a TCP port from 1 to 65535, found {v}"),
+                );
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, key: &str) -> Option<Duration> {
+        let v = self.get(key)?;
+        let Value::String(s) = v else {
+            let why = format!(
+                "must be a duration string such as \"10s\" or \"500ms\", found {}",
+                kind(v)
+            );
+            self.problem(key, why);
+            return None;
+        };
+        match duration::parse(s) {
+            Ok(d) => Some(d),
+            Err(why) => {
+                self.problem(key, why);
+                None
+            }
+        }
+    }
+
+    fn nonzero_duration(&mut self, key: &str) -> Option<Duration> {
+        let d = self.duration(key)?;
+        if d.is_zero() {
+            self.problem(key, "must be longer than zero");
+            return None;
+        }
+        Some(d)
+    }
+
+    fn log_level(&mut self, key: &str) -> Option<logging::Level> {
+        let s = self.string(key)?;
+        match logging::Level::parse(&s) {
+            Some(l) => Some(l),
+            None => {
+                self.problem(
+                    key,
+                    format!(
+                        "unknown level {s:?}; use one of trace, debug, verbose, info, warn, error, panic"
+                    ),
+                );
+                None
+            }
+        }
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config> {
+        Config::from_json(Path::new("/etc/plexus/daemon-config.json"), text.as_bytes())
+    }
+
+    #[test]
+    fn empty_object_should_give_defaults() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c.activation.socket_dir, PathBuf::from("/run/plexus"));
+        assert_eq!(c.limit.connection_limit, None);
+        assert_eq!(c.limit.queue_timeout, DEFAULT_QUEUE_TIMEOUT);
+        assert_eq!(c.limit.max_connections.get(), DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(c.server.read_timeout, DEFAULT_READ_TIMEOUT);
+        assert_eq!(c.daemon.shutdown_timeout, DEFAULT_SHUTDOWN_TIMEOUT);
+        assert_eq!(c.daemon.idle_timeout, None);
+        assert!(c.logging.to_stderr);
+    }
+
+    #[test]
+    fn multus_keys_should_be_accepted() {
+        let c = parse(
+            r#"{"socketDir":"/run/multus/","connectionLimit":4,"logLevel":"verbose",
+                "logFile":"/var/log/plexus.log","multusConfigFile":"auto","cniVersion":"0.3.1",
+                "clusterNetwork":"flannel","binDir":"/usr/lib/cni","queueTimeout":"500ms"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.limit.connection_limit.map(|n| n.get()), Some(4));
+        assert_eq!(c.limit.queue_timeout, Duration::from_millis(500));
+        assert_eq!(c.logging.level, logging::Level::Info);
+        assert!(!c.logging.to_stderr);
+        assert!(c.unknown_keys.is_empty());
+    }
+
+    #[test]
+    fn three_mistakes_should_all_be_reported() {
+        let err =
+            parse(r#"{"connectionLimit":0,"readTimeout":"soon","logToStderr":"yes"}"#).unwrap_err();
+        let keys: Vec<_> = err.problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["connectionLimit", "readTimeout", "logToStderr"]);
+        let text = err.to_string();
+        assert!(text.contains("3 problems"), "{text}");
+        assert!(text.contains("/etc/plexus/daemon-config.json"), "{text}");
+        assert!(text.contains("must be greater than 0, got 0"), "{text}");
+    }
+
+    #[test]
+    fn not_an_object_should_fail() {
+        assert!(parse("[]").is_err());
+        assert!(parse("{")
+            .unwrap_err()
+            .to_string()
+            .contains("not valid JSON"));
+    }
+
+    #[test]
+    fn unknown_keys_should_be_listed() {
+        let c = parse(r#"{"conectionLimit": 3}"#).unwrap();
+        assert_eq!(c.unknown_keys, ["conectionLimit"]);
+    }
+
+    #[test]
+    fn zero_idle_timeout_should_mean_off() {
+        assert_eq!(
+            parse(r#"{"idleTimeout":"0"}"#).unwrap().daemon.idle_timeout,
+            None
+        );
+        assert_eq!(
+            parse(r#"{"idleTimeout":"3s"}"#)
+                .unwrap()
+                .daemon
+                .idle_timeout,
+            Some(Duration::from_secs(3))
+        );
+    }
+}

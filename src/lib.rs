@@ -1,0 +1,37 @@
+//! Plexus: a systemd-native thick CNI plugin.
+//!
+//! The container runtime executes `plexus-shim` (a CNI plugin) for every CNI
+//! call; the shim forwards the call over a unix socket to the long-lived
+//! `plexusd` daemon, which decides which networks the container gets and
+//! runs the real CNI plugins for each of them.
+//!
+//! # Architecture
+//!
+//! ```text
+//! runtime -> plexus-shim --HTTP/1.1 over unix socket--> plexusd
+//!                                                         |
+//!   activation  listener from systemd (LISTEN_FDS) or a safe self-bind
+//!   server      accept loop, HTTP, routes, read timeouts, graceful drain
+//!   limit       open-connection cap and CNI admission (limit + FIFO queue)
+//!   cni         plugin chains per the CNI spec (engine)
+//!   notify      sd_notify READY / STATUS / STOPPING / WATCHDOG
+//!   metrics     Prometheus registry and typed handles
+//!   config      daemon-config.json -> validated per-module configs
+//!   daemon      composition root and lifecycle (the only module wiring others)
+//! ```
+//!
+//! Dependency direction: `api` depends on nothing; `server` knows nothing of
+//! systemd or CNI internals and calls the [`server::Handler`] trait; only
+//! `daemon` wires modules together; `shim` uses `api` only.
+
+pub mod activation;
+pub mod api;
+pub mod config;
+pub mod daemon;
+pub mod duration;
+pub mod limit;
+pub mod logging;
+pub mod metrics;
+pub mod notify;
+pub mod server;
+pub mod shim;

@@ -1,0 +1,166 @@
+//! Prometheus metrics: the registry and typed handles handed to modules.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of a finished request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: &'static str,
+    pub command: &'static str,
+    pub outcome: &'static str,
+}
+
+/// Labels of a latency observation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LatencyLabels {
+    pub endpoint: &'static str,
+    pub command: &'static str,
+}
+
+/// Why a request was turned away.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    pub reason: &'static str,
+}
+
+/// The multus metric, kept for dashboards built on it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MultusLabels {
+    pub handler: &'static str,
+    pub code: String,
+    pub method: &'static str,
+}
+
+/// Every metric family of the daemon.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub latency: Family<LatencyLabels, Histogram>,
+    pub in_flight: Gauge,
+    pub queued: Gauge,
+    pub rejected: Family<RejectLabels, Counter>,
+    pub connections_open: Gauge,
+    pub multus_requests: Family<MultusLabels, Counter>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~65 s
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 2.0, 17,
+    ))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut root = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<LatencyLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let in_flight = Gauge::default();
+        let queued = Gauge::default();
+        let rejected = Family::<RejectLabels, Counter>::default();
+        let connections_open = Gauge::default();
+        let multus_requests = Family::<MultusLabels, Counter>::default();
+        {
+            let reg = root.sub_registry_with_prefix("plexus");
+            reg.register(
+                "requests",
+                "Requests answered, by endpoint, CNI command and outcome",
+                requests.clone(),
+            );
+            reg.register(
+                "request_duration_seconds",
+                "Time from a request's arrival to its answer",
+                latency.clone(),
+            );
+            reg.register(
+                "requests_in_flight",
+                "CNI requests being processed",
+                in_flight.clone(),
+            );
+            reg.register(
+                "requests_queued",
+                "CNI requests waiting for a processing slot",
+                queued.clone(),
+            );
+            reg.register(
+                "requests_rejected",
+                "Requests turned away, by reason",
+                rejected.clone(),
+            );
+            reg.register(
+                "connections_open",
+                "Client connections currently open",
+                connections_open.clone(),
+            );
+        }
+        root.sub_registry_with_prefix("multus_server").register(
+            "request",
+            "Counter of HTTP requests",
+            multus_requests.clone(),
+        );
+        Self {
+            registry: root,
+            requests,
+            latency,
+            in_flight,
+            queued,
+            rejected,
+            connections_open,
+            multus_requests,
+        }
+    }
+
+    /// The registry in the Prometheus/OpenMetrics text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Content type of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_should_list_every_family() {
+        let m = Metrics::new();
+        m.requests
+            .get_or_create(&RequestLabels {
+                endpoint: "/cni",
+                command: "ADD",
+                outcome: "success",
+            })
+            .inc();
+        let text = m.render();
+        for name in [
+            "plexus_requests_total{endpoint=\"/cni\",command=\"ADD\",outcome=\"success\"} 1",
+            "plexus_requests_in_flight",
+            "plexus_requests_queued",
+            "plexus_connections_open",
+            "plexus_request_duration_seconds",
+            "plexus_requests_rejected",
+        ] {
+            assert!(text.contains(name), "{name} missing in\n{text}");
+        }
+    }
+}

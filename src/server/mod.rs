@@ -1,0 +1,328 @@
+//! HTTP/1.1 on the listening sockets: the accept loop, one request per
+//! connection, read timeouts, and the graceful drain. It calls a
+//! [`Handler`] for CNI work and knows nothing of systemd or CNI internals.
+
+mod routes;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::api;
+use crate::limit::{Admission, ConnectionLimit};
+use crate::metrics::Metrics;
+
+/// Settings of this module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Request head and body must arrive within this long after accept.
+    pub read_timeout: Duration,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+}
+
+/// What a successful CNI operation answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// ADD: the cluster network's result, sent as `{"Result": ...}`.
+    Result(serde_json::Value),
+    /// DEL, CHECK, GC, STATUS: an empty 200.
+    Done,
+}
+
+/// How a failed request is classified; `routes` maps it to an HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The request itself is wrong (bad env, bad config): 400.
+    InvalidRequest,
+    /// The CNI operation failed: 400, as multus answers.
+    Failed,
+    /// Temporarily unable (overloaded, shutting down): 503, code 11.
+    Unavailable,
+    /// A bug or an unexpected internal failure: 500.
+    Internal,
+}
+
+/// A failed request: its class and the CNI error the client receives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub kind: FailureKind,
+    pub error: api::CniError,
+}
+
+impl Failure {
+    pub fn new(kind: FailureKind, code: u32, msg: impl Into<String>) -> Self {
+        Self {
+            kind,
+            error: api::CniError::new(code, msg),
+        }
+    }
+}
+
+/// The CNI work behind `POST /cni` and `POST /delegate`.
+pub trait Handler: Send + Sync + 'static {
+    fn cni(&self, request: api::Request) -> impl Future<Output = Result<Reply, Failure>> + Send;
+    fn delegate(
+        &self,
+        request: api::Request,
+    ) -> impl Future<Output = Result<Reply, Failure>> + Send;
+}
+
+/// State shared by every connection.
+pub struct Shared<H> {
+    pub config: Config,
+    pub handler: H,
+    pub admission: Admission,
+    pub metrics: Arc<Metrics>,
+    pub activity: Activity,
+    draining: AtomicBool,
+}
+
+impl<H> Shared<H> {
+    pub fn new(config: Config, handler: H, admission: Admission, metrics: Arc<Metrics>) -> Self {
+        Self {
+            config,
+            handler,
+            admission,
+            metrics,
+            activity: Activity::new(),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the server has begun draining (`/readyz` answers 503).
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Marks the server as draining ahead of the stop of the accept loops.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+}
+
+/// When the daemon last had something to do, for the idle exit.
+#[derive(Debug)]
+pub struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+    served: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            served: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    fn served_one(&self) {
+        self.served.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+    }
+
+    /// Time since the last connection opened or request finished.
+    pub fn idle_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
+
+    /// Requests answered so far.
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+}
+
+/// How the drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// Connections still open when the grace period ran out (0: clean).
+    pub abandoned: usize,
+}
+
+/// Serves `listeners` until `stop` is cancelled, then stops accepting and
+/// lets open connections finish within `grace`.
+///
+/// With `drain_backlog`, connections already waiting in the listen backlog
+/// when `stop` fires are accepted and served too (the socket is ours alone);
+/// without it they stay queued for the next process (systemd's socket).
+pub async fn run<H: Handler>(
+    listeners: Vec<UnixListener>,
+    shared: Arc<Shared<H>>,
+    connections: ConnectionLimit,
+    stop: CancellationToken,
+    grace: Duration,
+    drain_backlog: bool,
+) -> Drained {
+    let graceful = Arc::new(GracefulShutdown::new());
+    let mut loops = tokio::task::JoinSet::new();
+    for listener in listeners {
+        loops.spawn(accept_loop(
+            listener,
+            shared.clone(),
+            connections.clone(),
+            stop.clone(),
+            graceful.clone(),
+            drain_backlog,
+        ));
+    }
+    while loops.join_next().await.is_some() {}
+    // Every accept loop has ended and dropped its listener; in-flight
+    // requests finish, idle connections close.
+    shared.draining.store(true, Ordering::Release);
+    let graceful = match Arc::try_unwrap(graceful) {
+        Ok(g) => g,
+        Err(_) => {
+            warn!("connection tracker still shared after the accept loops ended");
+            return Drained { abandoned: 0 };
+        }
+    };
+    let open = graceful.count();
+    if open > 0 {
+        info!(open, grace = ?grace, "draining open connections");
+    }
+    match tokio::time::timeout(grace, graceful.shutdown()).await {
+        Ok(()) => Drained { abandoned: 0 },
+        Err(_) => {
+            let abandoned = shared.metrics.connections_open.get().max(0) as usize;
+            warn!(
+                abandoned,
+                "shutdown timeout reached with requests still in flight"
+            );
+            Drained { abandoned }
+        }
+    }
+}
+
+async fn accept_loop<H: Handler>(
+    listener: UnixListener,
+    shared: Arc<Shared<H>>,
+    connections: ConnectionLimit,
+    stop: CancellationToken,
+    graceful: Arc<GracefulShutdown>,
+    drain_backlog: bool,
+) {
+    loop {
+        let permit = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            p = connections.acquire() => match p { Some(p) => p, None => break },
+        };
+        let stream = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    warn!(cause = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        serve_connection(stream, permit, &shared, &graceful);
+    }
+    if drain_backlog {
+        let mut drained = 0usize;
+        loop {
+            let next = std::future::poll_fn(|cx| match listener.poll_accept(cx) {
+                std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
+                std::task::Poll::Pending => std::task::Poll::Ready(None),
+            })
+            .await;
+            let Some(Ok((stream, _))) = next else { break };
+            let Some(permit) = connections.acquire().await else {
+                break;
+            };
+            serve_connection(stream, permit, &shared, &graceful);
+            drained += 1;
+        }
+        if drained > 0 {
+            info!(
+                connections = drained,
+                "served connections left in the backlog"
+            );
+        }
+    }
+    drop(listener);
+}
+
+fn serve_connection<H: Handler>(
+    stream: tokio::net::UnixStream,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    shared: &Arc<Shared<H>>,
+    graceful: &GracefulShutdown,
+) {
+    shared.activity.touch();
+    shared.metrics.connections_open.inc();
+    let accepted = Instant::now();
+    let svc_shared = shared.clone();
+    let service =
+        hyper::service::service_fn(move |req| routes::route(svc_shared.clone(), req, accepted));
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(shared.config.read_timeout)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    let conn = graceful.watch(conn);
+    let conn_shared = shared.clone();
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            debug!(cause = %e, "connection ended with an error");
+        }
+        conn_shared.metrics.connections_open.dec();
+        conn_shared.activity.touch();
+        drop(permit);
+    });
+}
+
+/// Serves only `GET /metrics` on a TCP listener until `stop` is cancelled.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    warn!(cause = %e, "metrics accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let metrics = metrics.clone();
+        let service = hyper::service::service_fn(move |req| {
+            std::future::ready(Ok::<_, std::convert::Infallible>(routes::metrics_only(
+                &metrics, &req,
+            )))
+        });
+        let conn = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10))
+            .keep_alive(false)
+            .serve_connection(TokioIo::new(stream), service);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(30), conn).await;
+        });
+    }
+}

@@ -1,0 +1,380 @@
+//! Method + path -> handler, and the one place where outcomes become HTTP
+//! status codes and CNI error JSON.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use tracing::{info_span, warn, Instrument};
+
+use super::{Failure, FailureKind, Handler, Reply, Shared};
+use crate::api::{self, code, CniError};
+use crate::metrics::{LatencyLabels, MultusLabels, RejectLabels, RequestLabels};
+
+type Body = Full<Bytes>;
+
+/// Known endpoints, so metric labels stay bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Cni,
+    Delegate,
+    Healthz,
+    Readyz,
+    Metrics,
+    NotFound,
+}
+
+impl Endpoint {
+    fn from_path(path: &str) -> Self {
+        match path {
+            api::PATH_CNI => Self::Cni,
+            api::PATH_DELEGATE => Self::Delegate,
+            api::PATH_HEALTHZ => Self::Healthz,
+            api::PATH_READYZ => Self::Readyz,
+            api::PATH_METRICS => Self::Metrics,
+            _ => Self::NotFound,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Cni => api::PATH_CNI,
+            Self::Delegate => api::PATH_DELEGATE,
+            Self::Healthz => api::PATH_HEALTHZ,
+            Self::Readyz => api::PATH_READYZ,
+            Self::Metrics => api::PATH_METRICS,
+            Self::NotFound => "NotFound",
+        }
+    }
+
+    fn allowed(self) -> &'static [Method] {
+        match self {
+            Self::Cni | Self::Delegate => &[Method::POST],
+            Self::Healthz | Self::Readyz => &[Method::GET, Method::POST],
+            Self::Metrics => &[Method::GET],
+            Self::NotFound => &[],
+        }
+    }
+}
+
+/// Bounded label for a CNI command taken from a request.
+fn command_label(cmd: Option<&str>) -> &'static str {
+    match cmd {
+        Some("ADD") => "ADD",
+        Some("DEL") => "DEL",
+        Some("CHECK") => "CHECK",
+        Some("GC") => "GC",
+        Some("STATUS") => "STATUS",
+        Some("VERSION") => "VERSION",
+        Some(_) => "other",
+        None => "",
+    }
+}
+
+fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "get",
+        Method::POST => "post",
+        Method::PUT => "put",
+        Method::DELETE => "delete",
+        Method::HEAD => "head",
+        _ => "other",
+    }
+}
+
+/// Outcome of one request before it is turned into a response.
+enum Outcome {
+    Empty,
+    EmptyJson,
+    Json(Vec<u8>),
+    Text(&'static str, String),
+    Fail(StatusCode, &'static str, CniError),
+}
+
+pub(super) async fn route<H: Handler>(
+    shared: Arc<Shared<H>>,
+    req: Request<Incoming>,
+    accepted: Instant,
+) -> Result<Response<Body>, Infallible> {
+    let endpoint = Endpoint::from_path(req.uri().path());
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let mut command = "";
+
+    let outcome = if endpoint == Endpoint::NotFound {
+        fail(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            CniError::new(code::INTERNAL, format!("no such endpoint: {path}")),
+        )
+    } else if !endpoint.allowed().contains(&method) {
+        fail(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            CniError::new(
+                code::INTERNAL,
+                format!("method {method} is not allowed on {path}"),
+            ),
+        )
+    } else {
+        match read_body(&shared, req, accepted).await {
+            Err(o) => o,
+            Ok(body) => match endpoint {
+                Endpoint::Healthz => Outcome::Empty,
+                Endpoint::Readyz if shared.draining() => fail(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "draining",
+                    CniError::new(
+                        code::TRY_AGAIN_LATER,
+                        "plexusd is shutting down; try again later",
+                    ),
+                ),
+                Endpoint::Readyz => Outcome::EmptyJson,
+                Endpoint::Metrics => {
+                    Outcome::Text(crate::metrics::CONTENT_TYPE, shared.metrics.render())
+                }
+                Endpoint::Cni | Endpoint::Delegate => {
+                    cni(&shared, endpoint, body, &mut command).await
+                }
+                Endpoint::NotFound => Outcome::Empty,
+            },
+        }
+    };
+
+    let (response, outcome_label, status) = respond(outcome, endpoint);
+    let labels = RequestLabels {
+        endpoint: endpoint.label(),
+        command,
+        outcome: outcome_label,
+    };
+    shared.metrics.requests.get_or_create(&labels).inc();
+    shared
+        .metrics
+        .latency
+        .get_or_create(&LatencyLabels {
+            endpoint: endpoint.label(),
+            command,
+        })
+        .observe(accepted.elapsed().as_secs_f64());
+    shared
+        .metrics
+        .multus_requests
+        .get_or_create(&MultusLabels {
+            handler: endpoint.label(),
+            code: status.as_u16().to_string(),
+            method: method_label(&method),
+        })
+        .inc();
+    if matches!(endpoint, Endpoint::Cni | Endpoint::Delegate) {
+        shared.activity.served_one();
+    }
+    Ok(response)
+}
+
+fn fail(status: StatusCode, label: &'static str, error: CniError) -> Outcome {
+    Outcome::Fail(status, label, error)
+}
+
+/// Reads the whole body within the connection's read deadline and the
+/// size cap.
+async fn read_body<H>(
+    shared: &Shared<H>,
+    req: Request<Incoming>,
+    accepted: Instant,
+) -> Result<Bytes, Outcome> {
+    let max = shared.config.max_body_bytes;
+    let too_large = || {
+        fail(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            CniError::new(
+                code::INVALID_ENVIRONMENT,
+                format!("request body is larger than {max} bytes"),
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    let remaining = shared
+        .config
+        .read_timeout
+        .saturating_sub(accepted.elapsed());
+    let collect = Limited::new(req.into_body(), max).collect();
+    match tokio::time::timeout(remaining, collect).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(e)) => Err(fail(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            CniError::new(
+                code::IO_FAILURE,
+                format!("cannot read the request body: {e}"),
+            ),
+        )),
+        Err(_) => {
+            shared
+                .metrics
+                .rejected
+                .get_or_create(&RejectLabels {
+                    reason: "read_timeout",
+                })
+                .inc();
+            Err(fail(
+                StatusCode::REQUEST_TIMEOUT,
+                "read_timeout",
+                CniError::new(
+                    code::IO_FAILURE,
+                    format!(
+                        "the request did not arrive within {}",
+                        crate::duration::format(shared.config.read_timeout)
+                    ),
+                ),
+            ))
+        }
+    }
+}
+
+async fn cni<H: Handler>(
+    shared: &Shared<H>,
+    endpoint: Endpoint,
+    body: Bytes,
+    command: &mut &'static str,
+) -> Outcome {
+    let request: api::Request = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return fail(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                CniError::new(
+                    code::DECODING_FAILURE,
+                    format!("the request body is not a valid CNI request: {e}"),
+                ),
+            )
+        }
+    };
+    *command = command_label(request.env_var("CNI_COMMAND"));
+    let span = info_span!(
+        "request",
+        endpoint = endpoint.label(),
+        command = request.env_var("CNI_COMMAND").unwrap_or(""),
+        container_id = request.env_var("CNI_CONTAINERID").unwrap_or(""),
+        netns = request.env_var("CNI_NETNS").unwrap_or(""),
+        ifname = request.env_var("CNI_IFNAME").unwrap_or(""),
+    );
+    async move {
+        let _permit = match shared.admission.admit().await {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(cause = %e, "request not admitted");
+                return failure(Failure::new(
+                    FailureKind::Unavailable,
+                    code::TRY_AGAIN_LATER,
+                    e.to_string(),
+                ));
+            }
+        };
+        let result = match endpoint {
+            Endpoint::Delegate => shared.handler.delegate(request).await,
+            _ => shared.handler.cni(request).await,
+        };
+        match result {
+            Ok(Reply::Done) => Outcome::Empty,
+            Ok(Reply::Result(result)) => match serde_json::to_vec(&api::AddResponse { result }) {
+                Ok(body) => Outcome::Json(body),
+                Err(e) => failure(Failure::new(
+                    FailureKind::Internal,
+                    code::INTERNAL,
+                    format!("cannot encode the result: {e}"),
+                )),
+            },
+            Err(f) => {
+                warn!(code = f.error.code, msg = %f.error.msg, "request failed");
+                failure(f)
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+fn failure(f: Failure) -> Outcome {
+    let (status, label) = match f.kind {
+        FailureKind::InvalidRequest => (StatusCode::BAD_REQUEST, "invalid"),
+        FailureKind::Failed => (StatusCode::BAD_REQUEST, "error"),
+        FailureKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "rejected"),
+        FailureKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    fail(status, label, f.error)
+}
+
+/// The answer of the TCP metrics listener.
+pub(super) fn metrics_only<B>(
+    metrics: &crate::metrics::Metrics,
+    req: &Request<B>,
+) -> Response<Body> {
+    let outcome = if req.uri().path() != api::PATH_METRICS {
+        fail(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            CniError::new(
+                code::INTERNAL,
+                format!("no such endpoint: {}", req.uri().path()),
+            ),
+        )
+    } else if req.method() != Method::GET {
+        fail(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            CniError::new(code::INTERNAL, "only GET is allowed on /metrics"),
+        )
+    } else {
+        Outcome::Text(crate::metrics::CONTENT_TYPE, metrics.render())
+    };
+    respond(outcome, Endpoint::Metrics).0
+}
+
+fn respond(outcome: Outcome, endpoint: Endpoint) -> (Response<Body>, &'static str, StatusCode) {
+    const JSON: HeaderValue = HeaderValue::from_static("application/json");
+    let (status, label, content_type, body) = match outcome {
+        Outcome::Empty => (StatusCode::OK, "success", None, Bytes::new()),
+        Outcome::EmptyJson => (StatusCode::OK, "success", Some(JSON), Bytes::new()),
+        Outcome::Json(b) => (StatusCode::OK, "success", Some(JSON), Bytes::from(b)),
+        Outcome::Text(ct, s) => (
+            StatusCode::OK,
+            "success",
+            Some(HeaderValue::from_static(ct)),
+            Bytes::from(s),
+        ),
+        Outcome::Fail(status, label, err) => {
+            (status, label, Some(JSON), Bytes::from(err.to_json()))
+        }
+    };
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    if let Some(ct) = content_type {
+        response.headers_mut().insert(CONTENT_TYPE, ct);
+    }
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        let allow = match endpoint.allowed() {
+            [Method::POST] => "POST",
+            [Method::GET] => "GET",
+            _ => "GET, POST",
+        };
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static(allow));
+    }
+    (response, label, status)
+}

@@ -1,0 +1,6 @@
+//! Test harness shared by the integration tests: each test file declares
+//! `mod support;` and uses what it needs.
+#![allow(dead_code)]
+
+pub mod http;
+pub mod systemd;

@@ -1,0 +1,375 @@
+//! The shipped unit files (systemd/plexusd.socket, systemd/plexusd.service)
+//! under a real systemd manager, with the built plexusd.
+//!
+//! Needs root; skips otherwise (or with PLEXUS_SYSTEMD_TESTS=0). Run with
+//! `cargo test --test systemd_units -- --test-threads=1` (managers are
+//! serialised by the harness anyway).
+mod support;
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::http::{self, Response};
+use support::systemd::{analyze_offline, Manager, ScratchDir};
+
+const SOCKET: &str = "plexusd.socket";
+const SERVICE: &str = "plexusd.service";
+const REPO_SOCKET_PATH: &str = "/run/plexus/plexus.sock";
+const REPO_EXEC_START: &str =
+    "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json";
+const STATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn repo_unit(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+fn replace_once(text: &str, from: &str, to: &str, unit: &str) -> String {
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "{unit} no longer contains exactly one {from:?}; update the test's substitutions"
+    );
+    text.replacen(from, to, 1)
+}
+
+/// Inserts `lines` right after the `[section]` header.
+fn add_to_section(text: &str, section: &str, lines: &str, unit: &str) -> String {
+    let header = format!("[{section}]\n");
+    replace_once(text, &header, &format!("{header}{lines}"), unit)
+}
+
+/// The repository's units with only the paths substituted: the socket node
+/// and the config in `work`, ExecStart the built binary. With `for_manager`,
+/// output goes to `<work>/plexusd.log` (there is no journald) and the start
+/// rate limit is off (the tests restart on purpose).
+fn plexus_units(work: &Path, for_manager: bool) -> (String, String) {
+    let sock = work.join("sock/plexus.sock");
+    let socket = replace_once(
+        &repo_unit(SOCKET),
+        REPO_SOCKET_PATH,
+        sock.to_str().unwrap(),
+        SOCKET,
+    );
+    let exec = format!(
+        "ExecStart={} --config {}",
+        env!("CARGO_BIN_EXE_plexusd"),
+        work.join("daemon-config.json").display()
+    );
+    let mut service = replace_once(&repo_unit(SERVICE), REPO_EXEC_START, &exec, SERVICE);
+    if for_manager {
+        let log = work.join("plexusd.log");
+        service = add_to_section(&service, "Unit", "StartLimitIntervalSec=0\n", SERVICE);
+        let output = format!(
+            "StandardOutput=append:{0}\nStandardError=append:{0}\n",
+            log.display()
+        );
+        service = add_to_section(&service, "Service", &output, SERVICE);
+    }
+    (socket, service)
+}
+
+/// A manager with the plexus units installed and `config` (merged over the
+/// default `socketDir`/`logLevel`) as daemon-config.json.
+struct Plexus {
+    m: Manager,
+    sock: PathBuf,
+}
+
+impl Plexus {
+    fn start(config: serde_json::Value) -> Option<Plexus> {
+        let m = Manager::start()?;
+        let work = m.work_dir().to_path_buf();
+        let mut cfg = serde_json::json!({
+            "socketDir": work.join("sock"),
+            "logLevel": "debug",
+        });
+        for (k, v) in config.as_object().expect("config object") {
+            cfg[k] = v.clone();
+        }
+        std::fs::write(
+            work.join("daemon-config.json"),
+            serde_json::to_vec_pretty(&cfg).unwrap(),
+        )
+        .unwrap();
+        let (socket, service) = plexus_units(&work, true);
+        m.install_units(&[(SOCKET, &socket), (SERVICE, &service)]);
+        Some(Plexus {
+            sock: work.join("sock/plexus.sock"),
+            m,
+        })
+    }
+
+    fn get(&self, path: &str) -> io::Result<Response> {
+        http::request(&self.sock, "GET", path, b"")
+    }
+
+    /// `GET path`, which must answer 200.
+    fn get_ok(&self, path: &str) -> Response {
+        match self.get(path) {
+            Ok(r) if r.status == 200 => r,
+            other => panic!(
+                "GET {path}: {other:?}\n{}",
+                self.m.describe_failure()
+            ),
+        }
+    }
+
+    fn main_pid(&self) -> u32 {
+        self.m.show(SERVICE, "MainPID").parse().unwrap()
+    }
+
+    fn wait_active(&self) -> u32 {
+        self.m
+            .wait_property(SERVICE, "ActiveState", "active", STATE_TIMEOUT);
+        let pid = self.main_pid();
+        assert_ne!(pid, 0, "active plexusd.service without a MainPID");
+        pid
+    }
+}
+
+#[test]
+fn socket_first_request_activates_service() {
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    p.m.systemctl_ok(&["start", SOCKET]);
+    assert_eq!(p.m.show(SOCKET, "SubState"), "listening");
+
+    let meta = std::fs::metadata(&p.sock)
+        .unwrap_or_else(|e| panic!("socket node {}: {e}", p.sock.display()));
+    assert!(meta.file_type().is_socket(), "{} is not a socket", p.sock.display());
+    assert_eq!(
+        meta.permissions().mode() & 0o7777,
+        0o600,
+        "SocketMode=0600 not applied"
+    );
+    assert_eq!(p.m.show(SERVICE, "ActiveState"), "inactive");
+    assert_eq!(p.main_pid(), 0);
+
+    let r = p.get_ok("/healthz");
+    println!("first GET /healthz: {} {:?}", r.status, r.body_str());
+    let pid = p.wait_active();
+    println!("activated plexusd MainPID {pid}");
+
+    let mut status = String::new();
+    let serving = support::systemd::poll_until(STATE_TIMEOUT, || {
+        status = p.m.show(SERVICE, "StatusText");
+        status.starts_with("serving")
+    });
+    assert!(
+        serving,
+        "StatusText {status:?} does not start with \"serving\"\n{}",
+        p.m.describe_failure()
+    );
+    println!("StatusText: {status}");
+    assert_eq!(p.get_ok("/readyz").status, 200);
+    assert_eq!(p.main_pid(), pid, "a second request must not start another process");
+}
+
+#[test]
+fn service_invalid_config_fails_without_restart() {
+    let Some(p) = Plexus::start(serde_json::json!({ "connectionLimit": 0 })) else {
+        return;
+    };
+    p.m.systemctl_ok(&["start", SOCKET]);
+    let out = p.m.systemctl(&["start", SERVICE]);
+    assert!(
+        !out.status.success(),
+        "starting plexusd with an invalid config succeeded\n{}",
+        p.m.describe_failure()
+    );
+    let props = [
+        "ActiveState",
+        "SubState",
+        "Result",
+        "ExecMainCode",
+        "ExecMainStatus",
+        "NRestarts",
+        "ActiveEnterTimestampMonotonic",
+        "MainPID",
+    ];
+    let s = p.m.show_all(SERVICE, &props);
+    println!("after the failed start: {s:?}");
+    // A unit scheduled for a restart would be activating/auto-restart here.
+    assert_eq!(s["ActiveState"], "failed", "{s:?}\n{}", p.m.describe_failure());
+    assert_eq!(s["SubState"], "failed", "{s:?}");
+    assert_eq!(s["Result"], "exit-code", "{s:?}");
+    assert_eq!(s["ExecMainCode"], "1", "main process did not exit normally: {s:?}");
+    assert_eq!(s["ExecMainStatus"], "78", "{s:?}");
+    assert_eq!(s["NRestarts"], "0", "RestartPreventExitStatus=78 ignored: {s:?}");
+    assert_eq!(s["ActiveEnterTimestampMonotonic"], "0", "it became active: {s:?}");
+    assert_eq!(s["MainPID"], "0", "{s:?}");
+    // The socket unit itself stays usable for the next (fixed) start.
+    assert_eq!(p.m.show(SOCKET, "ActiveState"), "active");
+}
+
+#[test]
+fn service_restarts_under_load_lose_no_request() {
+    const CLIENTS: usize = 4;
+    const RESTARTS: usize = 5;
+    const MIN_REQUESTS: usize = 500;
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    p.m.systemctl_ok(&["start", SOCKET]);
+    p.get_ok("/healthz");
+    let mut pids = vec![p.wait_active()];
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (stop, total, sock) = (stop.clone(), total.clone(), p.sock.clone());
+            thread::spawn(move || {
+                let (mut ok, mut failures, mut worst) = (0usize, Vec::new(), Duration::ZERO);
+                while !stop.load(Ordering::SeqCst) {
+                    let t0 = Instant::now();
+                    let r = http::request(&sock, "GET", "/healthz", b"");
+                    worst = worst.max(t0.elapsed());
+                    match r {
+                        Ok(r) if r.status == 200 => ok += 1,
+                        Ok(r) => failures.push(format!("status {} {:?}", r.status, r.body_str())),
+                        Err(e) => failures.push(e.to_string()),
+                    }
+                    total.fetch_add(1, Ordering::SeqCst);
+                }
+                (ok, failures, worst)
+            })
+        })
+        .collect();
+
+    let progress = |n: usize| {
+        let target = total.load(Ordering::SeqCst) + n;
+        p.m.wait_for(
+            &format!("{target} requests"),
+            Duration::from_secs(30),
+            || total.load(Ordering::SeqCst) >= target,
+        );
+    };
+    let started = Instant::now();
+    for i in 0..RESTARTS {
+        progress(MIN_REQUESTS / (RESTARTS + 1) / 2);
+        let t0 = Instant::now();
+        p.m.systemctl_ok(&["restart", SERVICE]);
+        let pid = p.main_pid();
+        println!(
+            "restart {} after {} requests took {:?} -> MainPID {pid}",
+            i + 1,
+            total.load(Ordering::SeqCst),
+            t0.elapsed()
+        );
+        pids.push(pid);
+    }
+    let remaining = MIN_REQUESTS.saturating_sub(total.load(Ordering::SeqCst));
+    progress(remaining.max(50));
+    stop.store(true, Ordering::SeqCst);
+
+    let (mut ok, mut failures, mut worst) = (0, Vec::new(), Duration::ZERO);
+    for c in clients {
+        let (o, f, w) = c.join().expect("client thread panicked");
+        ok += o;
+        failures.extend(f);
+        worst = worst.max(w);
+    }
+    let requests = ok + failures.len();
+    let distinct: BTreeSet<u32> = pids.iter().copied().filter(|&p| p != 0).collect();
+    println!(
+        "{requests} requests from {CLIENTS} clients in {:?}, {} failed; longest request {} ms; MainPIDs {pids:?}",
+        started.elapsed(),
+        failures.len(),
+        worst.as_millis()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {requests} requests failed, first ones: {:?}\n{}",
+        failures.len(),
+        &failures[..failures.len().min(10)],
+        p.m.describe_failure()
+    );
+    assert!(requests >= MIN_REQUESTS, "only {requests} requests");
+    assert!(
+        distinct.len() > RESTARTS,
+        "MainPID did not change on every restart: {pids:?}"
+    );
+    assert_eq!(p.m.show(SERVICE, "NRestarts"), "0", "restarts were manual only");
+}
+
+#[test]
+fn service_stop_keeps_socket_listening() {
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    p.m.systemctl_ok(&["start", SOCKET]);
+    let inode = std::fs::metadata(&p.sock).unwrap().ino();
+    p.get_ok("/healthz");
+    let first = p.wait_active();
+
+    let out = p.m.systemctl(&["stop", SERVICE]);
+    assert!(out.status.success(), "stop: {out:?}\n{}", p.m.describe_failure());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !stderr.trim().is_empty() {
+        println!("systemctl stop said: {}", stderr.trim());
+    }
+    let s = p.m.show_all(SERVICE, &["ActiveState", "Result", "ExecMainStatus", "MainPID"]);
+    assert_eq!(s["ActiveState"], "inactive", "{s:?}\n{}", p.m.describe_failure());
+    assert_eq!(s["Result"], "success", "plexusd did not exit cleanly on SIGTERM: {s:?}");
+    assert_eq!(s["MainPID"], "0", "{s:?}");
+    assert_eq!(p.m.show(SOCKET, "SubState"), "listening");
+    let meta = std::fs::metadata(&p.sock).expect("socket node vanished on service stop");
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.ino(), inode, "the socket node was re-created");
+
+    p.get_ok("/healthz");
+    let second = p.wait_active();
+    assert_ne!(second, first, "no new process answered after the stop");
+    println!("MainPID {first} stopped, the next request started {second}");
+}
+
+#[test]
+fn units_offline_analysis_reports_nothing() {
+    let scratch = ScratchDir::new("analyze");
+    let dir = scratch.path();
+    let (socket, service) = plexus_units(dir, false);
+    std::fs::write(dir.join(SOCKET), socket).unwrap();
+    std::fs::write(dir.join(SERVICE), service).unwrap();
+    let socket_file = dir.join(SOCKET).display().to_string();
+    let service_file = dir.join(SERVICE).display().to_string();
+
+    let Some(out) = analyze_offline(&["verify", "--man=no", &socket_file, &service_file]) else {
+        return;
+    };
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && printed.trim().is_empty(),
+        "systemd-analyze verify ({}) printed:\n{printed}",
+        out.status
+    );
+
+    let out = analyze_offline(&["security", "--offline=yes", "--no-pager", &service_file])
+        .expect("analyze ran once already");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let overall = text
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or("<no overall exposure line>");
+    println!(
+        "systemd-analyze security --offline=yes plexusd.service ({}): {}",
+        out.status,
+        overall.trim()
+    );
+    assert!(
+        text.contains("Overall exposure level"),
+        "systemd-analyze security did not run: {out:?}"
+    );
+}

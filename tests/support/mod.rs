@@ -2,5 +2,6 @@
 //! `mod support;` and uses what it needs.
 #![allow(dead_code)]
 
+pub mod daemon;
 pub mod http;
 pub mod systemd;

@@ -1,0 +1,301 @@
+//! Admission control on a real unix socket, with a plugin-free handler whose
+//! speed the test controls.
+
+mod support;
+
+use std::io::Write;
+use std::num::NonZeroUsize;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use plexus::api;
+use plexus::limit::{self, Admission, ConnectionLimit};
+use plexus::metrics::Metrics;
+use plexus::server::{self, Failure, Handler, Reply, Shared};
+use support::daemon::{wait_until, Daemon, TestDir};
+use support::http;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+const T: Duration = Duration::from_secs(20);
+
+/// Counts concurrent calls; each call holds until the gate gives it a
+/// permit (or sleeps `work` when there is no gate).
+#[derive(Default)]
+struct Probe {
+    now: AtomicUsize,
+    max: AtomicUsize,
+    calls: AtomicUsize,
+}
+
+struct SlowHandler {
+    probe: Arc<Probe>,
+    gate: Option<Arc<Semaphore>>,
+    work: Duration,
+}
+
+impl Handler for SlowHandler {
+    async fn cni(&self, _request: api::Request) -> Result<Reply, Failure> {
+        let now = self.probe.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.probe.max.fetch_max(now, Ordering::SeqCst);
+        self.probe.calls.fetch_add(1, Ordering::SeqCst);
+        match &self.gate {
+            Some(g) => {
+                let _ = g.acquire().await.map(|p| p.forget());
+            }
+            None => tokio::time::sleep(self.work).await,
+        }
+        self.probe.now.fetch_sub(1, Ordering::SeqCst);
+        Ok(Reply::Result(serde_json::json!({"cniVersion": "1.1.0"})))
+    }
+
+    async fn delegate(&self, request: api::Request) -> Result<Reply, Failure> {
+        self.cni(request).await
+    }
+}
+
+struct Server {
+    sock: PathBuf,
+    stop: CancellationToken,
+    rt: tokio::runtime::Runtime,
+    task: Option<tokio::task::JoinHandle<server::Drained>>,
+    _dir: TestDir,
+}
+
+impl Server {
+    fn start(name: &str, limit: Option<usize>, queue: Duration, handler: SlowHandler) -> Self {
+        let dir = TestDir::new(name);
+        let sock = dir.join("plexus.sock");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let std_listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        std_listener.set_nonblocking(true).unwrap();
+        let lcfg = limit::Config {
+            connection_limit: limit.and_then(NonZeroUsize::new),
+            queue_timeout: queue,
+            max_connections: NonZeroUsize::new(1024).unwrap(),
+        };
+        let stop = CancellationToken::new();
+        let task = rt.block_on(async {
+            let listener = tokio::net::UnixListener::from_std(std_listener).unwrap();
+            let metrics = Arc::new(Metrics::new());
+            let shared = Arc::new(Shared::new(
+                server::Config {
+                    read_timeout: Duration::from_secs(10),
+                    max_body_bytes: api::MAX_BODY_BYTES,
+                },
+                handler,
+                Admission::new(&lcfg, metrics.clone()),
+                metrics,
+            ));
+            tokio::spawn(server::run(
+                vec![listener],
+                shared,
+                ConnectionLimit::new(&lcfg),
+                stop.clone(),
+                Duration::from_secs(5),
+                false,
+            ))
+        });
+        Server {
+            sock,
+            stop,
+            rt,
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(t) = self.task.take() {
+            let _ = self.rt.block_on(t);
+        }
+    }
+}
+
+fn add(sock: &Path) -> http::Response {
+    http::request(
+        sock,
+        "POST",
+        "/cni",
+        br#"{"env":{"CNI_COMMAND":"ADD","CNI_CONTAINERID":"c1"}}"#,
+    )
+    .unwrap()
+}
+
+#[test]
+fn limit_of_two_should_never_run_more_than_two_and_serve_all() {
+    let probe = Arc::new(Probe::default());
+    let s = Server::start(
+        "limit2",
+        Some(2),
+        Duration::from_secs(30),
+        SlowHandler {
+            probe: probe.clone(),
+            gate: None,
+            work: Duration::from_millis(50),
+        },
+    );
+    let clients: Vec<_> = (0..10)
+        .map(|_| {
+            let sock = s.sock.clone();
+            std::thread::spawn(move || add(&sock))
+        })
+        .collect();
+    for c in clients {
+        let r = c.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.body_str());
+        assert_eq!(r.json()["Result"]["cniVersion"], "1.1.0");
+    }
+    assert_eq!(probe.calls.load(Ordering::SeqCst), 10);
+    let max = probe.max.load(Ordering::SeqCst);
+    assert!(max <= 2, "{max} ran at once");
+    assert_eq!(max, 2, "the limit should still allow two at once");
+}
+
+#[test]
+fn queue_timeout_should_answer_503_code_11() {
+    let probe = Arc::new(Probe::default());
+    let gate = Arc::new(Semaphore::new(0));
+    let s = Server::start(
+        "queue",
+        Some(1),
+        Duration::from_millis(100),
+        SlowHandler {
+            probe: probe.clone(),
+            gate: Some(gate.clone()),
+            work: Duration::ZERO,
+        },
+    );
+    let first = {
+        let sock = s.sock.clone();
+        std::thread::spawn(move || add(&sock))
+    };
+    wait_until(T, "the first request to hold the slot", || {
+        probe.now.load(Ordering::SeqCst) == 1
+    });
+    let excess: Vec<_> = (0..4)
+        .map(|_| {
+            let sock = s.sock.clone();
+            std::thread::spawn(move || add(&sock))
+        })
+        .collect();
+    for c in excess {
+        let r = c.join().unwrap();
+        assert_eq!(r.status, 503, "{}", r.body_str());
+        let body = r.json();
+        assert_eq!(body["code"], 11);
+        assert!(body["msg"].as_str().unwrap().contains("try again later"));
+    }
+    gate.add_permits(1);
+    assert_eq!(first.join().unwrap().status, 200);
+    assert_eq!(probe.calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn health_should_not_wait_behind_cni_work() {
+    let probe = Arc::new(Probe::default());
+    let gate = Arc::new(Semaphore::new(0));
+    let s = Server::start(
+        "healthfirst",
+        Some(1),
+        Duration::from_secs(30),
+        SlowHandler {
+            probe: probe.clone(),
+            gate: Some(gate.clone()),
+            work: Duration::ZERO,
+        },
+    );
+    let busy: Vec<_> = (0..3)
+        .map(|_| {
+            let sock = s.sock.clone();
+            std::thread::spawn(move || add(&sock))
+        })
+        .collect();
+    wait_until(T, "slot taken", || probe.now.load(Ordering::SeqCst) == 1);
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let r = http::request(&s.sock, "GET", path, b"").unwrap();
+        assert_eq!(r.status, 200, "{path}");
+    }
+    let metrics = http::request(&s.sock, "GET", "/metrics", b"").unwrap();
+    assert!(
+        metrics.body_str().contains("plexus_requests_in_flight 1"),
+        "{}",
+        metrics.body_str()
+    );
+    gate.add_permits(3);
+    for b in busy {
+        assert_eq!(b.join().unwrap().status, 200);
+    }
+}
+
+/// 200 clients that connect and say nothing hold no processing slot and
+/// are dropped after readTimeout.
+#[test]
+fn idle_connections_should_not_delay_requests_and_should_be_closed() {
+    let dir = TestDir::new("idleconns");
+    let mut d = Daemon::start(
+        &dir,
+        "d",
+        serde_json::json!({"readTimeout": "1s", "connectionLimit": 1}),
+    );
+    d.ready();
+    let idle: Vec<UnixStream> = (0..200)
+        .map(|_| UnixStream::connect(&d.sock).unwrap())
+        .collect();
+    let open = |n: usize| {
+        let needle = format!("plexus_connections_open {n}\n");
+        move |sock: &Path| {
+            http::request(sock, "GET", "/metrics", b"")
+                .map(|r| r.body_str().contains(&needle))
+                .unwrap_or(false)
+        }
+    };
+    // 200 idle + the metrics request itself.
+    wait_until(T, "all idle connections accepted", || open(201)(&d.sock));
+    let t0 = Instant::now();
+    let r = http::request(&d.sock, "POST", "/cni", br#"{"env":{"CNI_COMMAND":"ADD"}}"#).unwrap();
+    let took = t0.elapsed();
+    assert!(open(201)(&d.sock), "the idle connections were closed before the answer");
+    // The CNI answer (no networks yet) came back while all 200 were open.
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["code"], 7);
+    assert_eq!(http::request(&d.sock, "GET", "/healthz", b"").unwrap().status, 200);
+    println!("request with 200 idle connections open took {took:?}");
+    for mut c in idle {
+        c.set_read_timeout(Some(T)).unwrap();
+        let mut buf = Vec::new();
+        // The daemon closes them: EOF (possibly after a 408), never a hang.
+        match std::io::Read::read_to_end(&mut c, &mut buf) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("idle connection not closed by the daemon: {e}"),
+        }
+    }
+    let m = http::request(&d.sock, "GET", "/metrics", b"").unwrap();
+    assert!(m.body_str().contains("plexus_connections_open 1"), "{}", m.body_str());
+}
+
+#[test]
+fn trickling_body_should_be_cut_off_at_read_timeout() {
+    let dir = TestDir::new("trickle");
+    let mut d = Daemon::start(&dir, "d", serde_json::json!({"readTimeout": "300ms"}));
+    d.ready();
+    let mut s = UnixStream::connect(&d.sock).unwrap();
+    s.write_all(b"POST /cni HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"env\":")
+        .unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let r = http::read_response(&mut s).unwrap();
+    assert_eq!(r.status, 408);
+    assert_eq!(r.json()["code"], 5);
+    assert!(d.running());
+}

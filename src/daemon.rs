@@ -104,7 +104,9 @@ pub async fn run<H: Handler>(
         drain_backlog,
     ));
 
-    spawn_signal_watch(trigger.clone(), reason.clone());
+    // Registered before READY=1, so a stop request right after readiness
+    // is never met by the default action (termination without a drain).
+    spawn_signal_watch(signals()?, trigger.clone(), reason.clone());
     if let Some(owned) = &owned {
         spawn_takeover_watch(owned, trigger.clone(), reason.clone());
     }
@@ -192,19 +194,19 @@ fn status_line<H>(shared: &Shared<H>) -> String {
     )
 }
 
-fn spawn_signal_watch(trigger: CancellationToken, reason: Arc<Reason>) {
+type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+
+fn signals() -> std::io::Result<Signals> {
     use tokio::signal::unix::{signal, SignalKind};
+    Ok((
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    ))
+}
+
+fn spawn_signal_watch(signals: Signals, trigger: CancellationToken, reason: Arc<Reason>) {
+    let (mut term, mut int) = signals;
     tokio::spawn(async move {
-        let (mut term, mut int) = match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(t), Ok(i)) => (t, i),
-            (Err(e), _) | (_, Err(e)) => {
-                warn!(cause = %e, "cannot install signal handlers");
-                return;
-            }
-        };
         loop {
             let name = tokio::select! {
                 _ = term.recv() => "SIGTERM",

@@ -33,5 +33,6 @@ pub mod limit;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod result;
 pub mod server;
 pub mod shim;

@@ -265,11 +265,19 @@ fn idle_connections_should_not_delay_requests_and_should_be_closed() {
     let t0 = Instant::now();
     let r = http::request(&d.sock, "POST", "/cni", br#"{"env":{"CNI_COMMAND":"ADD"}}"#).unwrap();
     let took = t0.elapsed();
-    assert!(open(201)(&d.sock), "the idle connections were closed before the answer");
+    assert!(
+        open(201)(&d.sock),
+        "the idle connections were closed before the answer"
+    );
     // The CNI answer (no networks yet) came back while all 200 were open.
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["code"], 7);
-    assert_eq!(http::request(&d.sock, "GET", "/healthz", b"").unwrap().status, 200);
+    assert_eq!(
+        http::request(&d.sock, "GET", "/healthz", b"")
+            .unwrap()
+            .status,
+        200
+    );
     println!("request with 200 idle connections open took {took:?}");
     for mut c in idle {
         c.set_read_timeout(Some(T)).unwrap();
@@ -282,7 +290,11 @@ fn idle_connections_should_not_delay_requests_and_should_be_closed() {
         }
     }
     let m = http::request(&d.sock, "GET", "/metrics", b"").unwrap();
-    assert!(m.body_str().contains("plexus_connections_open 1"), "{}", m.body_str());
+    assert!(
+        m.body_str().contains("plexus_connections_open 1"),
+        "{}",
+        m.body_str()
+    );
 }
 
 #[test]

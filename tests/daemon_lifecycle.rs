@@ -181,7 +181,11 @@ fn successor_bound_during_drain_should_keep_the_path() {
     assert_eq!(r.status, 200, "A must finish its in-flight request");
     assert!(a.wait_exit(T).success());
 
-    assert_eq!(inode(&path), Some(b_inode), "the path must still name B's socket");
+    assert_eq!(
+        inode(&path),
+        Some(b_inode),
+        "the path must still name B's socket"
+    );
     let r = http::request(&path, "GET", "/healthz", b"").unwrap();
     assert_eq!(r.status, 200);
     b.terminate();
@@ -199,7 +203,12 @@ fn successor_taking_over_should_make_predecessor_drain_and_exit() {
     let st = a.wait_exit(T);
     assert!(st.success(), "{st:?}");
     assert_eq!(inode(&b.sock), Some(b_inode));
-    assert_eq!(http::request(&b.sock, "GET", "/healthz", b"").unwrap().status, 200);
+    assert_eq!(
+        http::request(&b.sock, "GET", "/healthz", b"")
+            .unwrap()
+            .status,
+        200
+    );
 }
 
 #[test]
@@ -211,10 +220,17 @@ fn activated_daemon_should_keep_socket_across_restart_and_serve_queued_clients()
 
     let mut a = Daemon::start_activated(&dir, "a", json!({}), &listener, &path);
     a.ready();
-    assert_eq!(http::request(&path, "GET", "/healthz", b"").unwrap().status, 200);
+    assert_eq!(
+        http::request(&path, "GET", "/healthz", b"").unwrap().status,
+        200
+    );
     a.terminate();
     assert!(a.wait_exit(T).success());
-    assert_eq!(inode(&path), Some(before), "the daemon must not touch systemd's node");
+    assert_eq!(
+        inode(&path),
+        Some(before),
+        "the daemon must not touch systemd's node"
+    );
 
     // A client arriving while no daemon runs waits in the backlog...
     let waiting = std::thread::spawn({
@@ -261,7 +277,9 @@ fn activation_with_a_non_socket_fd_should_fail_clearly() {
     let out = {
         use std::os::fd::AsRawFd;
         let mut c = Command::new(PLEXUSD);
-        c.arg("--config").arg(dir.join("c.json")).env("LISTEN_FDS", "1");
+        c.arg("--config")
+            .arg(dir.join("c.json"))
+            .env("LISTEN_FDS", "1");
         support::daemon::pass_as_fd3(&mut c, file.as_raw_fd());
         c.output().unwrap()
     };
@@ -275,7 +293,11 @@ fn activation_with_a_non_socket_fd_should_fail_clearly() {
 
 #[test]
 fn systemd_socket_activate_should_start_on_first_connection_and_keep_the_node() {
-    if Command::new("systemd-socket-activate").arg("--version").output().is_err() {
+    if Command::new("systemd-socket-activate")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("skipping: systemd-socket-activate is not installed");
         return;
     }
@@ -315,9 +337,18 @@ fn systemd_socket_activate_should_start_on_first_connection_and_keep_the_node() 
         std::thread::sleep(Duration::from_millis(5));
     };
     let mut err = String::new();
-    launcher.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    launcher
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert!(status.success(), "{status:?} {err}");
-    assert_eq!(inode(&path), Some(before), "the node must survive the daemon");
+    assert_eq!(
+        inode(&path),
+        Some(before),
+        "the node must survive the daemon"
+    );
 
     // A new launcher re-binds the path and a restarted daemon serves it.
     let mut again = Command::new("systemd-socket-activate")
@@ -405,8 +436,63 @@ fn idle_timeout_should_exit_cleanly() {
     let dir = TestDir::new("idle");
     let mut d = Daemon::start(&dir, "d", json!({"idleTimeout": "200ms"}));
     d.ready();
-    assert_eq!(http::request(&d.sock, "GET", "/healthz", b"").unwrap().status, 200);
+    assert_eq!(
+        http::request(&d.sock, "GET", "/healthz", b"")
+            .unwrap()
+            .status,
+        200
+    );
     let st = d.wait_exit(T);
     assert!(st.success(), "{st:?}");
     assert!(d.notifications().iter().any(|m| m.contains("STOPPING=1")));
+}
+
+#[test]
+fn watchdog_should_be_pinged_when_enabled() {
+    let dir = TestDir::new("watchdog");
+    let mut d = Daemon::start_env(&dir, "d", json!({}), &[("WATCHDOG_USEC", "200000")]);
+    d.ready();
+    d.wait_notify("WATCHDOG=1", T);
+}
+
+#[test]
+fn log_file_should_receive_the_log() {
+    let dir = TestDir::new("logfile");
+    let log = dir.join("plexusd.log");
+    let mut d = Daemon::start(
+        &dir,
+        "d",
+        json!({"logFile": log.to_str().unwrap(), "logLevel": "info"}),
+    );
+    d.ready();
+    d.terminate();
+    assert!(d.wait_exit(T).success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("serving"), "{text}");
+    assert!(text.contains("stopped"), "{text}");
+    // logToStderr defaults to off once a log file is set.
+    assert!(!d.log_text().contains("serving"), "{}", d.log_text());
+}
+
+#[test]
+fn metrics_port_should_serve_metrics_over_tcp() {
+    let dir = TestDir::new("metricsport");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut d = Daemon::start(&dir, "d", json!({"metricsPort": port}));
+    d.ready();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    let r = http::parse_response(&buf).unwrap();
+    assert_eq!(r.status, 200);
+    assert!(r.body_str().contains("plexus_connections_open"));
+    d.terminate();
+    assert!(d.wait_exit(T).success());
 }

@@ -55,11 +55,16 @@ fn malformed_requests_should_get_cni_errors_and_leave_daemon_serving() {
         assert_eq!(v["code"], *code, "{method} {path}: {v}");
     }
     assert_eq!(
-        http::request(s, "GET", "/cni", b"").unwrap().header("allow"),
+        http::request(s, "GET", "/cni", b"")
+            .unwrap()
+            .header("allow"),
         Some("POST")
     );
     assert!(d.running());
-    assert_eq!(http::request(s, "GET", "/healthz", b"").unwrap().status, 200);
+    assert_eq!(
+        http::request(s, "GET", "/healthz", b"").unwrap().status,
+        200
+    );
 }
 
 #[test]
@@ -83,7 +88,8 @@ fn oversize_bodies_should_get_413() {
         let mut c = c.try_clone().unwrap();
         std::thread::spawn(move || {
             for _ in 0..40 {
-                if c.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).is_err()
+                if c.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                    .is_err()
                     || c.write_all(&chunk).is_err()
                     || c.write_all(b"\r\n").is_err()
                 {
@@ -108,7 +114,12 @@ fn oversize_bodies_should_get_413() {
     let r = http::request(&d.sock, "POST", "/cni", &body).unwrap();
     assert_cni_error(&r, 400);
     assert!(d.running());
-    assert_eq!(http::request(&d.sock, "GET", "/healthz", b"").unwrap().status, 200);
+    assert_eq!(
+        http::request(&d.sock, "GET", "/healthz", b"")
+            .unwrap()
+            .status,
+        200
+    );
 }
 
 #[test]
@@ -132,7 +143,12 @@ fn garbage_bytes_should_not_hurt_the_daemon() {
         let _ = c.write_all(b"POST /cni HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"env\"");
     }
     assert!(d.running());
-    assert_eq!(http::request(&d.sock, "GET", "/healthz", b"").unwrap().status, 200);
+    assert_eq!(
+        http::request(&d.sock, "GET", "/healthz", b"")
+            .unwrap()
+            .status,
+        200
+    );
 }
 
 #[test]
@@ -152,8 +168,8 @@ fn multus_shim_probe_bytes_should_get_multus_shaped_answers() {
         ("03-DEL-healthz-request.txt", "03-DEL-healthz-response.txt"),
     ] {
         let raw = std::fs::read(format!("{fixtures}{req}")).unwrap();
-        let want = http::parse_response(&std::fs::read(format!("{fixtures}{resp}")).unwrap())
-            .unwrap();
+        let want =
+            http::parse_response(&std::fs::read(format!("{fixtures}{resp}")).unwrap()).unwrap();
         let got = http::send_raw(&d.sock, &raw).unwrap();
         assert_eq!(got.status, want.status, "{req}");
         assert_eq!(got.body, want.body, "{req}");

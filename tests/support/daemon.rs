@@ -63,13 +63,23 @@ pub struct Daemon {
 impl Daemon {
     /// Writes `config` to `<dir>/<tag>.json` and starts plexusd binding
     /// `<dir>/sock/plexus.sock` itself (unless `config` names a socketDir).
-    pub fn start(dir: &TestDir, tag: &str, mut config: serde_json::Value) -> Self {
+    pub fn start(dir: &TestDir, tag: &str, config: serde_json::Value) -> Self {
+        Self::start_env(dir, tag, config, &[])
+    }
+
+    /// [`Daemon::start`] with extra environment variables.
+    pub fn start_env(
+        dir: &TestDir,
+        tag: &str,
+        mut config: serde_json::Value,
+        env: &[(&str, &str)],
+    ) -> Self {
         let obj = config.as_object_mut().expect("config object");
         obj.entry("socketDir")
             .or_insert_with(|| dir.join("sock").to_string_lossy().into());
         obj.entry("logLevel").or_insert_with(|| "debug".into());
         let sock = PathBuf::from(obj["socketDir"].as_str().unwrap()).join("plexus.sock");
-        Self::spawn(dir, tag, &config, sock, None)
+        Self::spawn(dir, tag, &config, sock, None, env)
     }
 
     /// Starts plexusd as systemd would: `listener` as fd 3, `LISTEN_FDS=1`,
@@ -81,7 +91,7 @@ impl Daemon {
         listener: &UnixListener,
         sock: &Path,
     ) -> Self {
-        Self::spawn(dir, tag, &config, sock.to_path_buf(), Some(listener))
+        Self::spawn(dir, tag, &config, sock.to_path_buf(), Some(listener), &[])
     }
 
     fn spawn(
@@ -90,6 +100,7 @@ impl Daemon {
         config: &serde_json::Value,
         sock: PathBuf,
         listener: Option<&UnixListener>,
+        env: &[(&str, &str)],
     ) -> Self {
         let cfg = dir.join(&format!("{tag}.json"));
         fs::write(&cfg, serde_json::to_vec_pretty(config).unwrap()).unwrap();
@@ -119,6 +130,8 @@ impl Daemon {
         if listener.is_none() {
             cmd.env_remove("LISTEN_FDS").env_remove("LISTEN_PID");
         }
+        cmd.env_remove("WATCHDOG_USEC").env_remove("WATCHDOG_PID");
+        cmd.envs(env.iter().copied());
         if let Some(l) = listener {
             pass_as_fd3(&mut cmd, l.as_raw_fd());
         }
@@ -162,7 +175,9 @@ impl Daemon {
                         return msg;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => {}
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::TimedOut => {}
                 Err(e) => panic!("notify recv: {e}"),
             }
         }
@@ -173,7 +188,8 @@ impl Daemon {
         self.notify.set_nonblocking(true).unwrap();
         let mut buf = vec![0u8; 4096];
         while let Ok(n) = self.notify.recv(&mut buf) {
-            self.seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            self.seen
+                .push(String::from_utf8_lossy(&buf[..n]).into_owned());
         }
         self.notify.set_nonblocking(false).unwrap();
         self.seen.clone()

@@ -311,3 +311,78 @@ fn trickling_body_should_be_cut_off_at_read_timeout() {
     assert_eq!(r.json()["code"], 5);
     assert!(d.running());
 }
+
+/// Past maxConnections the daemon stops accepting; the kernel backlog
+/// holds the next client until a slot frees.
+#[test]
+fn max_connections_should_hold_excess_clients_in_the_backlog() {
+    let dir = TestDir::new("maxconn");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut d = Daemon::start(
+        &dir,
+        "d",
+        serde_json::json!({"maxConnections": 2, "readTimeout": "30s", "metricsPort": port}),
+    );
+    d.ready();
+    let metrics = || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut s, &mut buf).unwrap();
+        http::parse_response(&buf).unwrap().body_str().to_string()
+    };
+    let idle1 = UnixStream::connect(&d.sock).unwrap();
+    let idle2 = UnixStream::connect(&d.sock).unwrap();
+    wait_until(T, "two connections accepted", || {
+        metrics().contains("plexus_connections_open 2\n")
+    });
+    // The third client's connect() succeeds into the kernel backlog...
+    let mut third = UnixStream::connect(&d.sock).unwrap();
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let backlog = || listen_queue(&d.sock);
+    wait_until(T, "the third client in the backlog", || {
+        backlog() == Some(1)
+    });
+    // ...and stays there while two connections are open.
+    assert!(metrics().contains("plexus_connections_open 2\n"));
+    assert_eq!(backlog(), Some(1), "accepted past maxConnections");
+    third.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    assert!(
+        matches!(std::io::Read::read(&mut third, &mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "answered past maxConnections"
+    );
+    third.set_nonblocking(false).unwrap();
+    drop(idle1);
+    third.set_read_timeout(Some(T)).unwrap();
+    let r = http::read_response(&mut third).unwrap();
+    assert_eq!(r.status, 200);
+    drop(idle2);
+}
+
+/// Connections waiting in the listen backlog of the unix socket at `path`
+/// (the Recv-Q that `ss` reports for a listening socket). The kernel keeps
+/// the name the socket was bound to, the temporary name in the same
+/// directory that was then renamed to `path`.
+fn listen_queue(path: &Path) -> Option<u64> {
+    let out = std::process::Command::new("ss")
+        .args(["-xlnH"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let dir = path.parent()?.to_str()?;
+    text.lines()
+        .find(|l| {
+            l.split_whitespace()
+                .any(|f| f.starts_with(dir) && f.contains("plexus.sock"))
+        })
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|q| q.parse().ok())
+}

@@ -64,7 +64,12 @@ pub fn parse_response(buf: &[u8]) -> io::Result<Response> {
     let end = buf
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad(&format!("no header end in {:?}", String::from_utf8_lossy(buf))))?;
+        .ok_or_else(|| {
+            bad(&format!(
+                "no header end in {:?}",
+                String::from_utf8_lossy(buf)
+            ))
+        })?;
     let head = std::str::from_utf8(&buf[..end]).map_err(|_| bad("non-utf8 head"))?;
     let mut lines = head.split("\r\n");
     let status_line = lines.next().ok_or_else(|| bad("empty response"))?;

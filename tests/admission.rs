@@ -82,7 +82,8 @@ impl Server {
             max_connections: NonZeroUsize::new(1024).unwrap(),
         };
         let stop = CancellationToken::new();
-        let task = rt.block_on(async {
+        let task = {
+            let _in_runtime = rt.enter();
             let listener = tokio::net::UnixListener::from_std(std_listener).unwrap();
             let metrics = Arc::new(Metrics::new());
             let shared = Arc::new(Shared::new(
@@ -94,7 +95,7 @@ impl Server {
                 Admission::new(&lcfg, metrics.clone()),
                 metrics,
             ));
-            tokio::spawn(server::run(
+            rt.spawn(server::run(
                 vec![listener],
                 shared,
                 ConnectionLimit::new(&lcfg),
@@ -102,7 +103,7 @@ impl Server {
                 Duration::from_secs(5),
                 false,
             ))
-        });
+        };
         Server {
             sock,
             stop,

@@ -247,7 +247,7 @@ fn idle_connections_should_not_delay_requests_and_should_be_closed() {
     let mut d = Daemon::start(
         &dir,
         "d",
-        serde_json::json!({"readTimeout": "1s", "connectionLimit": 1}),
+        serde_json::json!({"readTimeout": "4s", "connectionLimit": 1}),
     );
     d.ready();
     let idle: Vec<UnixStream> = (0..200)

@@ -16,17 +16,18 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::http::{self, Response};
-use support::systemd::{analyze_offline, Manager, ScratchDir};
+use support::systemd::{analyze_offline, skip_reason, Manager, ScratchDir};
 
 const SOCKET: &str = "plexusd.socket";
 const SERVICE: &str = "plexusd.service";
 const REPO_SOCKET_PATH: &str = "/run/plexus/plexus.sock";
-const REPO_EXEC_START: &str =
-    "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json";
+const REPO_EXEC_START: &str = "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json";
 const STATE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn repo_unit(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("systemd")
+        .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
@@ -114,10 +115,7 @@ impl Plexus {
     fn get_ok(&self, path: &str) -> Response {
         match self.get(path) {
             Ok(r) if r.status == 200 => r,
-            other => panic!(
-                "GET {path}: {other:?}\n{}",
-                self.m.describe_failure()
-            ),
+            other => panic!("GET {path}: {other:?}\n{}", self.m.describe_failure()),
         }
     }
 
@@ -144,11 +142,22 @@ fn socket_first_request_activates_service() {
 
     let meta = std::fs::metadata(&p.sock)
         .unwrap_or_else(|e| panic!("socket node {}: {e}", p.sock.display()));
-    assert!(meta.file_type().is_socket(), "{} is not a socket", p.sock.display());
+    assert!(
+        meta.file_type().is_socket(),
+        "{} is not a socket",
+        p.sock.display()
+    );
     assert_eq!(
         meta.permissions().mode() & 0o7777,
         0o600,
         "SocketMode=0600 not applied"
+    );
+    assert_eq!((meta.uid(), meta.gid()), (0, 0), "SocketUser/Group=root");
+    let dir = std::fs::metadata(p.sock.parent().unwrap()).unwrap();
+    assert_eq!(
+        dir.permissions().mode() & 0o7777,
+        0o700,
+        "DirectoryMode=0700 not applied"
     );
     assert_eq!(p.m.show(SERVICE, "ActiveState"), "inactive");
     assert_eq!(p.main_pid(), 0);
@@ -170,7 +179,11 @@ fn socket_first_request_activates_service() {
     );
     println!("StatusText: {status}");
     assert_eq!(p.get_ok("/readyz").status, 200);
-    assert_eq!(p.main_pid(), pid, "a second request must not start another process");
+    assert_eq!(
+        p.main_pid(),
+        pid,
+        "a second request must not start another process"
+    );
 }
 
 #[test]
@@ -198,13 +211,27 @@ fn service_invalid_config_fails_without_restart() {
     let s = p.m.show_all(SERVICE, &props);
     println!("after the failed start: {s:?}");
     // A unit scheduled for a restart would be activating/auto-restart here.
-    assert_eq!(s["ActiveState"], "failed", "{s:?}\n{}", p.m.describe_failure());
+    assert_eq!(
+        s["ActiveState"],
+        "failed",
+        "{s:?}\n{}",
+        p.m.describe_failure()
+    );
     assert_eq!(s["SubState"], "failed", "{s:?}");
     assert_eq!(s["Result"], "exit-code", "{s:?}");
-    assert_eq!(s["ExecMainCode"], "1", "main process did not exit normally: {s:?}");
+    assert_eq!(
+        s["ExecMainCode"], "1",
+        "main process did not exit normally: {s:?}"
+    );
     assert_eq!(s["ExecMainStatus"], "78", "{s:?}");
-    assert_eq!(s["NRestarts"], "0", "RestartPreventExitStatus=78 ignored: {s:?}");
-    assert_eq!(s["ActiveEnterTimestampMonotonic"], "0", "it became active: {s:?}");
+    assert_eq!(
+        s["NRestarts"], "0",
+        "RestartPreventExitStatus=78 ignored: {s:?}"
+    );
+    assert_eq!(
+        s["ActiveEnterTimestampMonotonic"], "0",
+        "it became active: {s:?}"
+    );
     assert_eq!(s["MainPID"], "0", "{s:?}");
     // The socket unit itself stays usable for the next (fixed) start.
     assert_eq!(p.m.show(SOCKET, "ActiveState"), "active");
@@ -298,7 +325,11 @@ fn service_restarts_under_load_lose_no_request() {
         distinct.len() > RESTARTS,
         "MainPID did not change on every restart: {pids:?}"
     );
-    assert_eq!(p.m.show(SERVICE, "NRestarts"), "0", "restarts were manual only");
+    assert_eq!(
+        p.m.show(SERVICE, "NRestarts"),
+        "0",
+        "restarts were manual only"
+    );
 }
 
 #[test]
@@ -312,14 +343,29 @@ fn service_stop_keeps_socket_listening() {
     let first = p.wait_active();
 
     let out = p.m.systemctl(&["stop", SERVICE]);
-    assert!(out.status.success(), "stop: {out:?}\n{}", p.m.describe_failure());
+    assert!(
+        out.status.success(),
+        "stop: {out:?}\n{}",
+        p.m.describe_failure()
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !stderr.trim().is_empty() {
         println!("systemctl stop said: {}", stderr.trim());
     }
-    let s = p.m.show_all(SERVICE, &["ActiveState", "Result", "ExecMainStatus", "MainPID"]);
-    assert_eq!(s["ActiveState"], "inactive", "{s:?}\n{}", p.m.describe_failure());
-    assert_eq!(s["Result"], "success", "plexusd did not exit cleanly on SIGTERM: {s:?}");
+    let s = p.m.show_all(
+        SERVICE,
+        &["ActiveState", "Result", "ExecMainStatus", "MainPID"],
+    );
+    assert_eq!(
+        s["ActiveState"],
+        "inactive",
+        "{s:?}\n{}",
+        p.m.describe_failure()
+    );
+    assert_eq!(
+        s["Result"], "success",
+        "plexusd did not exit cleanly on SIGTERM: {s:?}"
+    );
     assert_eq!(s["MainPID"], "0", "{s:?}");
     assert_eq!(p.m.show(SOCKET, "SubState"), "listening");
     let meta = std::fs::metadata(&p.sock).expect("socket node vanished on service stop");
@@ -334,6 +380,12 @@ fn service_stop_keeps_socket_listening() {
 
 #[test]
 fn units_offline_analysis_reports_nothing() {
+    if let Some(why) = skip_reason() {
+        println!("skipping: {why}");
+        return;
+    }
+    let side_effect = Path::new("/run/systemd/systemd-units-load");
+    let had_side_effect = side_effect.exists();
     let scratch = ScratchDir::new("analyze");
     let dir = scratch.path();
     let (socket, service) = plexus_units(dir, false);
@@ -371,5 +423,10 @@ fn units_offline_analysis_reports_nothing() {
     assert!(
         text.contains("Overall exposure level"),
         "systemd-analyze security did not run: {out:?}"
+    );
+    assert!(
+        had_side_effect || !side_effect.exists(),
+        "systemd-analyze left {} on the host",
+        side_effect.display()
     );
 }

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::api;
@@ -169,7 +169,7 @@ pub async fn run<H: Handler>(
     grace: Duration,
     drain_backlog: bool,
 ) -> Drained {
-    let graceful = Arc::new(GracefulShutdown::new());
+    let tracker = TaskTracker::new();
     let mut loops = tokio::task::JoinSet::new();
     for listener in listeners {
         loops.spawn(accept_loop(
@@ -177,29 +177,25 @@ pub async fn run<H: Handler>(
             shared.clone(),
             connections.clone(),
             stop.clone(),
-            graceful.clone(),
+            tracker.clone(),
             drain_backlog,
         ));
     }
     while loops.join_next().await.is_some() {}
-    // Every accept loop has ended and dropped its listener; in-flight
-    // requests finish, idle connections close.
+    // Every accept loop has ended and dropped its listener. Accepted
+    // connections are left to finish: one whose request has not been read
+    // yet is a real client too (it may have queued during a restart), so
+    // it is served, not closed; the read timeout bounds silent ones.
     shared.draining.store(true, Ordering::Release);
-    let graceful = match Arc::try_unwrap(graceful) {
-        Ok(g) => g,
-        Err(_) => {
-            warn!("connection tracker still shared after the accept loops ended");
-            return Drained { abandoned: 0 };
-        }
-    };
-    let open = graceful.count();
+    tracker.close();
+    let open = tracker.len();
     if open > 0 {
         info!(open, grace = ?grace, "draining open connections");
     }
-    match tokio::time::timeout(grace, graceful.shutdown()).await {
+    match tokio::time::timeout(grace, tracker.wait()).await {
         Ok(()) => Drained { abandoned: 0 },
         Err(_) => {
-            let abandoned = shared.metrics.connections_open.get().max(0) as usize;
+            let abandoned = tracker.len();
             warn!(
                 abandoned,
                 "shutdown timeout reached with requests still in flight"
@@ -214,7 +210,7 @@ async fn accept_loop<H: Handler>(
     shared: Arc<Shared<H>>,
     connections: ConnectionLimit,
     stop: CancellationToken,
-    graceful: Arc<GracefulShutdown>,
+    tracker: TaskTracker,
     drain_backlog: bool,
 ) {
     loop {
@@ -236,7 +232,7 @@ async fn accept_loop<H: Handler>(
                 }
             },
         };
-        serve_connection(stream, permit, &shared, &graceful);
+        serve_connection(stream, permit, &shared, &tracker);
     }
     if drain_backlog {
         let mut drained = 0usize;
@@ -250,7 +246,7 @@ async fn accept_loop<H: Handler>(
             let Some(permit) = connections.acquire().await else {
                 break;
             };
-            serve_connection(stream, permit, &shared, &graceful);
+            serve_connection(stream, permit, &shared, &tracker);
             drained += 1;
         }
         if drained > 0 {
@@ -267,7 +263,7 @@ fn serve_connection<H: Handler>(
     stream: tokio::net::UnixStream,
     permit: tokio::sync::OwnedSemaphorePermit,
     shared: &Arc<Shared<H>>,
-    graceful: &GracefulShutdown,
+    tracker: &TaskTracker,
 ) {
     shared.activity.touch();
     shared.metrics.connections_open.inc();
@@ -280,9 +276,8 @@ fn serve_connection<H: Handler>(
         .header_read_timeout(shared.config.read_timeout)
         .keep_alive(false)
         .serve_connection(TokioIo::new(stream), service);
-    let conn = graceful.watch(conn);
     let conn_shared = shared.clone();
-    tokio::spawn(async move {
+    tracker.spawn(async move {
         if let Err(e) = conn.await {
             debug!(cause = %e, "connection ended with an error");
         }

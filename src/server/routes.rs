@@ -170,9 +170,7 @@ pub(super) async fn route<H: Handler>(
             method: method_label(&method),
         })
         .inc();
-    if matches!(endpoint, Endpoint::Cni | Endpoint::Delegate) {
-        shared.activity.served_one();
-    }
+    shared.activity.served_one();
     Ok(response)
 }
 

@@ -1,0 +1,570 @@
+//! CNI result conversion between spec versions.
+//!
+//! Results of the 0.3.0, 0.3.1 and 0.4.0 family and of the 1.0.0 / 1.1.0
+//! family share one shape; they differ in `ips[].version` (0.x only) and in
+//! the interface fields 1.1.0 added. [`Success`] is that shape as a typed
+//! struct whose field order and omit rules are those of libcni's Go types,
+//! so a converted result prints exactly as a Go plugin or the multus shim
+//! prints it. Parsing is lenient like libcni: unknown keys are dropped,
+//! `null` reads as absent, and an address's family is worked out from the
+//! address rather than trusted from `version`.
+//!
+//! This module depends on nothing else in the crate (the shim and the CNI
+//! engine both use it) and on nothing heavier than serde.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+/// Result versions this module reads and writes, oldest first.
+pub const SUPPORTED: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// The newest supported version (the one plexusd answers in).
+pub const LATEST: &str = "1.1.0";
+
+/// CNI error code for an incompatible version (CNI spec, "Error").
+const CODE_INCOMPATIBLE_VERSION: u32 = 1;
+/// CNI error code for content that cannot be decoded (CNI spec, "Error").
+const CODE_DECODING_FAILURE: u32 = 6;
+
+/// Why a result could not be read or converted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// Conversion from or to a version this module does not support.
+    Unsupported { from: String, to: String },
+    /// The result has no `cniVersion` and no fallback was given.
+    NoVersion,
+    /// The document is not a valid result.
+    Invalid { version: String, reason: String },
+}
+
+/// `Result` with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The CNI error code that fits: 1 (incompatible version) or 6
+    /// (decoding failure).
+    pub fn code(&self) -> u32 {
+        match self {
+            Error::Unsupported { .. } => CODE_INCOMPATIBLE_VERSION,
+            Error::NoVersion | Error::Invalid { .. } => CODE_DECODING_FAILURE,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Unsupported { from, to } => write!(
+                f,
+                "cannot convert a CNI result from version {from:?} to {to:?}: supported versions are {}",
+                SUPPORTED.join(", ")
+            ),
+            Error::NoVersion => f.write_str("the CNI result has no cniVersion"),
+            Error::Invalid { version, reason } => {
+                write!(f, "invalid CNI result (version {version:?}): {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Whether `version` is one of [`SUPPORTED`].
+pub fn is_supported(version: &str) -> bool {
+    SUPPORTED.contains(&version)
+}
+
+/// Compares two `major.minor.patch` version strings numerically; `None`
+/// when either is malformed.
+pub fn compare(a: &str, b: &str) -> Option<Ordering> {
+    Some(parse_version(a)?.cmp(&parse_version(b)?))
+}
+
+fn parse_version(v: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = v.split('.').map(|p| {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            None
+        } else {
+            p.parse::<u32>().ok()
+        }
+    });
+    let triple = (parts.next()??, parts.next()??, parts.next()??);
+    match parts.next() {
+        None => Some(triple),
+        Some(_) => None,
+    }
+}
+
+/// Whether `version` uses the 0.3.x / 0.4.0 shape (`ips[].version` present).
+fn is_pre_1_0(version: &str) -> bool {
+    matches!(version, "0.3.0" | "0.3.1" | "0.4.0")
+}
+
+/// Converts a result (with its own `cniVersion`) to version `to`.
+///
+/// The returned `Value` has the right content; its key order is serde_json's.
+/// Use [`Success`] directly when the printed key order matters.
+pub fn convert(result: &Value, to: &str) -> Result<Value> {
+    Ok(Success::from_value(result)?.convert(to)?.to_value())
+}
+
+/// A CNI success result of the 0.3.0 ... 1.1.0 versions.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Success {
+    #[serde(rename = "cniVersion", default, deserialize_with = "nullable")]
+    pub cni_version: String,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub interfaces: Vec<Interface>,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub ips: Vec<Ip>,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub routes: Vec<Route>,
+    /// Always printed, `{}` when empty, as libcni's Go types do.
+    #[serde(default, deserialize_with = "nullable")]
+    pub dns: Dns,
+}
+
+/// An interface (`interfaces[]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Interface {
+    #[serde(default, deserialize_with = "nullable")]
+    pub name: String,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub mac: String,
+    /// 1.1.0 and later.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "is_zero"
+    )]
+    pub mtu: i64,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub sandbox: String,
+    /// 1.1.0 and later.
+    #[serde(
+        rename = "socketPath",
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub socket_path: String,
+    /// 1.1.0 and later.
+    #[serde(
+        rename = "pciID",
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub pci_id: String,
+}
+
+/// An address (`ips[]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ip {
+    /// `"4"` or `"6"`; only in the 0.3.x / 0.4.0 shape.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub version: String,
+    /// Index into `interfaces`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<i64>,
+    /// CIDR notation, e.g. `10.1.0.5/24`.
+    pub address: String,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub gateway: String,
+}
+
+/// A route (`routes[]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    pub dst: String,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub gw: String,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "is_zero"
+    )]
+    pub mtu: i64,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "is_zero"
+    )]
+    pub advmss: i64,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "is_zero"
+    )]
+    pub priority: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<i64>,
+}
+
+/// DNS settings (`dns`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dns {
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub nameservers: Vec<String>,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub domain: String,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub search: Vec<String>,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub options: Vec<String>,
+}
+
+impl Success {
+    /// Reads a result that names its own `cniVersion`.
+    pub fn from_value(value: &Value) -> Result<Self> {
+        let parsed = Self::parse(value)?;
+        if parsed.cni_version.is_empty() {
+            return Err(Error::NoVersion);
+        }
+        Ok(parsed)
+    }
+
+    /// Reads a result; a missing or empty `cniVersion` is taken to be
+    /// `version` (libcni's rule for plugins that leave it out).
+    pub fn from_value_or(value: &Value, version: &str) -> Result<Self> {
+        let mut parsed = Self::parse(value)?;
+        if parsed.cni_version.is_empty() {
+            parsed.cni_version = version.to_string();
+        }
+        Ok(parsed)
+    }
+
+    fn parse(value: &Value) -> Result<Self> {
+        let version = || match value.get("cniVersion") {
+            Some(Value::String(s)) => s.clone(),
+            _ => String::new(),
+        };
+        if !value.is_object() {
+            return Err(Error::Invalid {
+                version: version(),
+                reason: "not a JSON object".into(),
+            });
+        }
+        Success::deserialize(value).map_err(|e| Error::Invalid {
+            version: version(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Converts to version `to`: both this result's version and `to` must
+    /// be [`SUPPORTED`].
+    ///
+    /// Going to 0.3.x / 0.4.0 sets `ips[].version` from each address's
+    /// family and drops the 1.1.0 interface fields (`mtu`, `socketPath`,
+    /// `pciID`); going to 1.x drops `ips[].version`. Routes keep every field,
+    /// as libcni's shared route type does.
+    pub fn convert(mut self, to: &str) -> Result<Self> {
+        if !is_supported(&self.cni_version) || !is_supported(to) {
+            return Err(Error::Unsupported {
+                from: self.cni_version,
+                to: to.to_string(),
+            });
+        }
+        if is_pre_1_0(to) {
+            for ip in &mut self.ips {
+                ip.version = match family(&ip.address) {
+                    Some(v) => v.to_string(),
+                    None if ip.version == "4" || ip.version == "6" => ip.version.clone(),
+                    None => {
+                        return Err(Error::Invalid {
+                            version: self.cni_version,
+                            reason: format!("cannot tell the family of address {:?}", ip.address),
+                        })
+                    }
+                };
+            }
+            for iface in &mut self.interfaces {
+                iface.mtu = 0;
+                iface.socket_path.clear();
+                iface.pci_id.clear();
+            }
+        } else {
+            for ip in &mut self.ips {
+                ip.version.clear();
+            }
+        }
+        self.cni_version = to.to_string();
+        Ok(self)
+    }
+
+    /// The result as a JSON value.
+    pub fn to_value(&self) -> Value {
+        // Strings, integers and vectors of them always serialise.
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// The result as Go plugins and the multus shim print it: 4-space
+    /// indentation, keys in spec order, no trailing newline.
+    pub fn to_pretty(&self) -> Vec<u8> {
+        to_pretty(self)
+    }
+}
+
+/// Serialises `value` with 4-space indentation and no trailing newline, as
+/// Go's `json.MarshalIndent(v, "", "    ")` does.
+pub fn to_pretty<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512);
+    let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+    // Writing into a Vec cannot fail and these types always serialise;
+    // on the impossible error the output is whatever was written.
+    let _ = value.serialize(&mut ser);
+    out
+}
+
+/// `"4"` or `"6"` for an address in CIDR (or plain) notation.
+fn family(address: &str) -> Option<&'static str> {
+    let ip = address.split_once('/').map_or(address, |(ip, _)| ip);
+    match ip.parse::<std::net::IpAddr>().ok()? {
+        std::net::IpAddr::V4(_) => Some("4"),
+        std::net::IpAddr::V6(_) => Some("6"),
+    }
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+/// Reads `null` as the type's default, as Go's decoder does.
+fn nullable<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rich_1_1() -> Value {
+        json!({
+            "cniVersion": "1.1.0",
+            "interfaces": [
+                {"name": "br0", "mac": "a2:6b:1c:3d:4e:5f"},
+                {"name": "eth0", "mac": "0a:58:0a:f4:01:05", "mtu": 1400,
+                 "sandbox": "/run/netns/x", "socketPath": "/run/vhost.sock", "pciID": "0000:04:00.5"}
+            ],
+            "ips": [
+                {"interface": 1, "address": "10.244.1.5/24", "gateway": "10.244.1.1"},
+                {"interface": 1, "address": "fd00::5/64"}
+            ],
+            "routes": [{"dst": "0.0.0.0/0", "gw": "10.244.1.1", "mtu": 1300, "table": 0, "scope": 253}],
+            "dns": {"nameservers": ["10.96.0.10"], "search": ["svc.cluster.local"]},
+            "unknownKey": true
+        })
+    }
+
+    #[test]
+    fn convert_to_every_supported_version_should_set_version_and_ip_families() {
+        for to in SUPPORTED {
+            let out = convert(&rich_1_1(), to).unwrap();
+            assert_eq!(out["cniVersion"], *to);
+            let ips = out["ips"].as_array().unwrap();
+            if to.starts_with("0.") {
+                assert_eq!(ips[0]["version"], "4", "{to}");
+                assert_eq!(ips[1]["version"], "6", "{to}");
+                assert!(out["interfaces"][1].get("mtu").is_none(), "{to}");
+                assert!(out["interfaces"][1].get("socketPath").is_none(), "{to}");
+                assert!(out["interfaces"][1].get("pciID").is_none(), "{to}");
+            } else {
+                assert!(ips.iter().all(|ip| ip.get("version").is_none()), "{to}");
+                assert_eq!(out["interfaces"][1]["mtu"], 1400, "{to}");
+                assert_eq!(out["interfaces"][1]["pciID"], "0000:04:00.5", "{to}");
+            }
+            // Shared fields survive every conversion.
+            assert_eq!(out["ips"][0]["interface"], 1);
+            assert_eq!(out["ips"][0]["gateway"], "10.244.1.1");
+            assert_eq!(out["interfaces"][1]["sandbox"], "/run/netns/x");
+            assert_eq!(out["routes"][0]["scope"], 253);
+            assert_eq!(out["routes"][0]["table"], 0);
+            assert_eq!(out["routes"][0]["mtu"], 1300);
+            assert_eq!(out["dns"]["nameservers"][0], "10.96.0.10");
+            assert!(out.get("unknownKey").is_none());
+        }
+    }
+
+    #[test]
+    fn convert_from_0_x_to_1_x_should_drop_ip_version() {
+        let old = json!({
+            "cniVersion": "0.3.1",
+            "ips": [{"version": "4", "address": "10.0.0.2/24", "gateway": "10.0.0.1"}],
+            "dns": {}
+        });
+        let out = convert(&old, "1.0.0").unwrap();
+        assert_eq!(
+            out,
+            json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24", "gateway": "10.0.0.1"}], "dns": {}})
+        );
+    }
+
+    #[test]
+    fn convert_should_trust_the_address_over_a_wrong_version() {
+        let v = json!({"cniVersion": "0.4.0", "ips": [{"version": "4", "address": "fd00::1/64"}]});
+        assert_eq!(convert(&v, "0.3.0").unwrap()["ips"][0]["version"], "6");
+    }
+
+    #[test]
+    fn convert_should_derive_missing_version_like_libcni() {
+        // Debian's loopback labels a 1.0-shaped body 0.3.1.
+        let v = json!({"cniVersion": "0.3.1", "ips": [{"interface": 0, "address": "::1/128"}]});
+        assert_eq!(convert(&v, "0.4.0").unwrap()["ips"][0]["version"], "6");
+    }
+
+    #[test]
+    fn convert_to_or_from_unsupported_versions_should_name_both() {
+        for (from, to) in [("1.1.0", "0.2.0"), ("1.1.0", "2.0.0"), ("0.2.0", "1.0.0")] {
+            let err = convert(&json!({"cniVersion": from}), to).unwrap_err();
+            assert_eq!(
+                err,
+                Error::Unsupported {
+                    from: from.into(),
+                    to: to.into()
+                }
+            );
+            assert_eq!(err.code(), 1);
+            let text = err.to_string();
+            assert!(text.contains(from) && text.contains(to), "{text}");
+        }
+    }
+
+    #[test]
+    fn invalid_results_should_be_errors_with_code_6() {
+        for bad in [
+            json!([1, 2]),
+            json!({"cniVersion": "1.0.0", "ips": [{"gateway": "10.0.0.1"}]}),
+            json!({"cniVersion": "1.0.0", "ips": "nope"}),
+            json!({"cniVersion": "1.0.0", "interfaces": [{"mtu": "big"}]}),
+        ] {
+            let err = Success::from_value(&bad).unwrap_err();
+            assert!(matches!(err, Error::Invalid { .. }), "{bad}: {err}");
+            assert_eq!(err.code(), 6);
+        }
+        assert_eq!(
+            Success::from_value(&json!({})).unwrap_err(),
+            Error::NoVersion
+        );
+    }
+
+    #[test]
+    fn unknown_address_family_should_fail_only_when_needed() {
+        let v = json!({"cniVersion": "1.0.0", "ips": [{"address": "nonsense"}]});
+        assert!(convert(&v, "1.1.0").is_ok());
+        assert!(matches!(
+            convert(&v, "0.4.0").unwrap_err(),
+            Error::Invalid { .. }
+        ));
+    }
+
+    #[test]
+    fn nulls_should_read_as_absent() {
+        let v = json!({"cniVersion": "1.1.0", "interfaces": null, "ips": null,
+                       "routes": null, "dns": null,
+                       "extra": null});
+        assert_eq!(
+            convert(&v, "1.0.0").unwrap(),
+            json!({"cniVersion": "1.0.0", "dns": {}})
+        );
+    }
+
+    #[test]
+    fn missing_version_should_take_the_fallback() {
+        let v = json!({"ips": [{"address": "10.0.0.2/24"}]});
+        let s = Success::from_value_or(&v, "1.1.0").unwrap();
+        assert_eq!(s.cni_version, "1.1.0");
+    }
+
+    #[test]
+    fn pretty_output_should_match_go_indentation_and_key_order() {
+        let v = json!({"cniVersion":"1.1.0","interfaces":[{"mac":"00:00:00:00:00:00","name":"lo","sandbox":"/run/netns/n"}],
+                       "ips":[{"address":"127.0.0.1/8","interface":0}]});
+        let out = Success::from_value(&v)
+            .unwrap()
+            .convert("0.3.1")
+            .unwrap()
+            .to_pretty();
+        let expected = "{\n    \"cniVersion\": \"0.3.1\",\n    \"interfaces\": [\n        {\n            \"name\": \"lo\",\n            \"mac\": \"00:00:00:00:00:00\",\n            \"sandbox\": \"/run/netns/n\"\n        }\n    ],\n    \"ips\": [\n        {\n            \"version\": \"4\",\n            \"interface\": 0,\n            \"address\": \"127.0.0.1/8\"\n        }\n    ],\n    \"dns\": {}\n}";
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
+    }
+
+    #[test]
+    fn route_fields_should_print_in_go_order() {
+        let v = json!({"cniVersion":"1.1.0","routes":[{"scope":0,"table":5,"priority":3,"advmss":2,"mtu":1,"gw":"10.0.0.1","dst":"0.0.0.0/0"}]});
+        let s = Success::from_value(&v).unwrap();
+        assert_eq!(
+            serde_json::to_string(&s.routes).unwrap(),
+            r#"[{"dst":"0.0.0.0/0","gw":"10.0.0.1","mtu":1,"advmss":2,"priority":3,"table":5,"scope":0}]"#
+        );
+    }
+
+    #[test]
+    fn compare_should_order_versions_numerically() {
+        assert_eq!(compare("0.4.0", "0.10.0"), Some(Ordering::Less));
+        assert_eq!(compare("1.1.0", "1.1.0"), Some(Ordering::Equal));
+        assert_eq!(compare("1.1.0", "1.0.0"), Some(Ordering::Greater));
+        assert_eq!(compare("1.1", "1.0.0"), None);
+        assert_eq!(compare("1.a.0", "1.0.0"), None);
+        assert_eq!(compare("1.0.0.0", "1.0.0"), None);
+        assert_eq!(compare("+1.0.0", "1.0.0"), None);
+    }
+}

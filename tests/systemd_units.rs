@@ -58,9 +58,14 @@ fn plexus_units(work: &Path, for_manager: bool) -> (String, String) {
         sock.to_str().unwrap(),
         SOCKET,
     );
+    // The unit runs with PrivateTmp=yes: a binary built under /tmp (a
+    // checkout there) would be invisible to it, so run a copy from the
+    // work dir, which is outside /tmp.
+    let bin = work.join("plexusd");
+    std::fs::copy(env!("CARGO_BIN_EXE_plexusd"), &bin).expect("copy plexusd into the work dir");
     let exec = format!(
         "ExecStart={} --config {}",
-        env!("CARGO_BIN_EXE_plexusd"),
+        bin.display(),
         work.join("daemon-config.json").display()
     );
     let mut service = replace_once(&repo_unit(SERVICE), REPO_EXEC_START, &exec, SERVICE);

@@ -42,6 +42,15 @@ pub mod code {
     pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
     /// Internal error (first plugin-specific code).
     pub const INTERNAL: u32 = 100;
+    /// Shim: the request was sent but no complete answer came back (reset,
+    /// closed mid-response, timed out); whether it took effect is unknown.
+    pub const NO_ANSWER: u32 = 101;
+    /// Shim: the daemon's answer is not valid HTTP, or a 200 whose body is
+    /// not what the command expects.
+    pub const BAD_ANSWER: u32 = 102;
+    /// A failure reported without a CNI code (libcni `ErrInternal`); the shim
+    /// uses it for a plain-text error body, as a multus daemon sends.
+    pub const UNCODED_FAILURE: u32 = 999;
 }
 
 /// The body of `POST /cni` and `POST /delegate`.

@@ -22,7 +22,8 @@
 //!
 //! Dependency direction: `api` depends on nothing; `server` knows nothing of
 //! systemd or CNI internals and calls the [`server::Handler`] trait; only
-//! `daemon` wires modules together; `shim` uses `api` only.
+//! `daemon` wires modules together; `shim` uses `api`, `result` and
+//! `duration` only (std-only modules, so the plugin stays small).
 
 pub mod activation;
 pub mod api;

@@ -1,1 +1,1175 @@
-//! The CNI plugin side: forwards a CNI call to plexusd over its socket.
+//! The CNI plugin side of Plexus (`plexus-shim`): checks the call the way
+//! CNI skel does, forwards it to plexusd as `POST /cni {"env", "config"}`
+//! over the unix socket, and turns the answer into CNI output.
+//!
+//! The shim must stay small and start fast: it uses std, serde_json and
+//! base64 (through [`api`]), [`result`] and the std-only [`duration`]
+//! parser, with a blocking [`UnixStream`] and a small HTTP/1.1 client. No
+//! async runtime, no logging framework. Everything after the pre-checks is
+//! bounded by the overall deadline (`timeout`), including a `connect` that
+//! waits for room in a full listen backlog.
+//!
+//! Only VERSION is answered locally. Every failure, DEL included, is CNI
+//! error JSON on stdout and a non-zero exit: a DEL that did not reach the
+//! daemon must be retried by the runtime, never skipped (multus-shim exits
+//! 0 there and leaks the attachment).
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::api::{self, code, CniError};
+use crate::{duration, result};
+
+/// Config key: directory of `plexus.sock` (the multus shim's key).
+pub const KEY_SOCKET_DIR: &str = "daemonSocketDir";
+/// Config key: full path of the daemon's socket; wins over `daemonSocketDir`.
+pub const KEY_SOCKET_PATH: &str = "socketPath";
+/// Config key: how long to retry connecting while the socket is missing or
+/// refuses.
+pub const KEY_CONNECT_TIMEOUT: &str = "connectTimeout";
+/// Config key: deadline of the whole call.
+pub const KEY_TIMEOUT: &str = "timeout";
+
+/// Default of `connectTimeout`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of `timeout`: well under the kubelet's runtime request timeout
+/// (2 minutes for the whole RunPodSandbox; 4 minutes overall).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Largest network config read from stdin.
+pub const MAX_STDIN_BYTES: usize = api::MAX_BODY_BYTES;
+
+/// The environment variables forwarded to the daemon; nothing else of the
+/// shim's environment is sent.
+pub const ENV_VARS: [&str; 6] = [
+    "CNI_COMMAND",
+    "CNI_CONTAINERID",
+    "CNI_NETNS",
+    "CNI_IFNAME",
+    "CNI_ARGS",
+    "CNI_PATH",
+];
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+const MAX_RESPONSE_BODY_BYTES: usize = 4 << 20;
+/// How much of a plain-text error body goes into the CNI error message.
+const MAX_QUOTED_BODY_CHARS: usize = 4096;
+
+/// A CNI command (`CNI_COMMAND`, exact upper case as in skel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+    Gc,
+    Status,
+    Version,
+}
+
+impl Command {
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "ADD" => Self::Add,
+            "DEL" => Self::Del,
+            "CHECK" => Self::Check,
+            "GC" => Self::Gc,
+            "STATUS" => Self::Status,
+            "VERSION" => Self::Version,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Add => "ADD",
+            Self::Del => "DEL",
+            Self::Check => "CHECK",
+            Self::Gc => "GC",
+            Self::Status => "STATUS",
+            Self::Version => "VERSION",
+        }
+    }
+
+    /// Oldest config version the command exists in (CNI spec; skel refuses
+    /// older configs with code 1).
+    fn min_version(self) -> Option<&'static str> {
+        match self {
+            Self::Check => Some("0.4.0"),
+            Self::Gc | Self::Status => Some("1.1.0"),
+            _ => None,
+        }
+    }
+}
+
+/// What the shim reads from its own network config (stdin).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The config's `cniVersion`; ADD results are printed in it.
+    pub cni_version: String,
+    /// The daemon's socket.
+    pub socket: PathBuf,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+}
+
+impl Config {
+    /// Reads and checks the network config; every bad shim key is reported
+    /// in one error.
+    pub fn from_stdin(stdin: &[u8]) -> Result<Self, CniError> {
+        if stdin.iter().all(u8::is_ascii_whitespace) {
+            return Err(CniError::new(
+                code::DECODING_FAILURE,
+                "the network config on stdin is empty",
+            ));
+        }
+        let value: Value = serde_json::from_slice(stdin).map_err(|e| {
+            CniError::new(
+                code::DECODING_FAILURE,
+                format!("cannot decode the network config on stdin: {e}"),
+            )
+        })?;
+        let Value::Object(map) = value else {
+            return Err(CniError::new(
+                code::DECODING_FAILURE,
+                "the network config on stdin is not a JSON object",
+            ));
+        };
+        let cni_version = match map.get("cniVersion") {
+            Some(Value::String(v)) if !v.is_empty() => v.clone(),
+            None | Some(Value::Null) | Some(Value::String(_)) => {
+                return Err(CniError::new(
+                    code::INVALID_NETWORK_CONFIG,
+                    "the network config on stdin has no cniVersion",
+                ))
+            }
+            Some(_) => {
+                return Err(CniError::new(
+                    code::INVALID_NETWORK_CONFIG,
+                    "the cniVersion of the network config on stdin is not a string",
+                ))
+            }
+        };
+        if !result::is_supported(&cni_version) {
+            return Err(
+                CniError::new(code::INCOMPATIBLE_VERSION, "incompatible CNI versions")
+                    .with_details(format!(
+                        "config is {cni_version:?}, plexus-shim supports {:?}",
+                        result::SUPPORTED
+                    )),
+            );
+        }
+
+        let mut problems = Vec::new();
+        let mut string = |key: &str| match map.get(key) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            Some(_) => {
+                problems.push(format!("{key}: must be a non-empty string"));
+                None
+            }
+        };
+        let socket_path = string(KEY_SOCKET_PATH);
+        let socket_dir = string(KEY_SOCKET_DIR);
+        let connect_timeout = string(KEY_CONNECT_TIMEOUT);
+        let timeout = string(KEY_TIMEOUT);
+        let mut parse_duration = |key: &str, text: Option<String>, default: Duration| {
+            let Some(text) = text else { return default };
+            match duration::parse(&text) {
+                Ok(d) => d,
+                Err(why) => {
+                    problems.push(format!("{key}: {why}"));
+                    default
+                }
+            }
+        };
+        let connect_timeout = parse_duration(
+            KEY_CONNECT_TIMEOUT,
+            connect_timeout,
+            DEFAULT_CONNECT_TIMEOUT,
+        );
+        let timeout = parse_duration(KEY_TIMEOUT, timeout, DEFAULT_TIMEOUT);
+        if timeout.is_zero() {
+            problems.push(format!("{KEY_TIMEOUT}: must be longer than zero"));
+        }
+        if !problems.is_empty() {
+            return Err(CniError::new(
+                code::INVALID_NETWORK_CONFIG,
+                format!(
+                    "invalid plexus-shim settings in the network config: {}",
+                    problems.join("; ")
+                ),
+            ));
+        }
+        let socket = match (socket_path, socket_dir) {
+            (Some(path), _) => PathBuf::from(path),
+            (None, Some(dir)) => Path::new(&dir).join(api::SOCKET_NAME),
+            (None, None) => Path::new(api::DEFAULT_SOCKET_DIR).join(api::SOCKET_NAME),
+        };
+        Ok(Self {
+            cni_version,
+            socket,
+            connect_timeout,
+            timeout,
+        })
+    }
+}
+
+/// What the process prints on stdout and its exit status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub stdout: Vec<u8>,
+    pub exit_code: u8,
+}
+
+impl Outcome {
+    fn success(stdout: Vec<u8>) -> Self {
+        Self {
+            stdout,
+            exit_code: 0,
+        }
+    }
+
+    /// The error as skel prints it: 4-space indented JSON, exit 1.
+    pub fn failure(error: &CniError) -> Self {
+        Self {
+            stdout: result::to_pretty(error),
+            exit_code: 1,
+        }
+    }
+}
+
+/// Runs one CNI call: `env` looks up environment variables, `stdin` is the
+/// network config, and `log` receives progress lines (stderr in the binary).
+pub fn run(env: impl Fn(&str) -> Option<String>, stdin: impl Read, log: &mut dyn Write) -> Outcome {
+    let started = Instant::now();
+    match call(&env, stdin, log, started) {
+        Ok(stdout) => Outcome::success(stdout),
+        Err(e) => Outcome::failure(&e),
+    }
+}
+
+fn call(
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: impl Read,
+    log: &mut dyn Write,
+    started: Instant,
+) -> Result<Vec<u8>, CniError> {
+    // Read first, whatever happens next, so a runtime writing the config
+    // never meets a closed pipe (skel does the same).
+    let stdin = read_stdin(stdin);
+    let command = match env("CNI_COMMAND").filter(|c| !c.is_empty()) {
+        None => {
+            return Err(CniError::new(
+                code::INVALID_ENVIRONMENT,
+                "required env variables [CNI_COMMAND] missing",
+            ))
+        }
+        Some(c) => Command::parse(&c).ok_or_else(|| {
+            CniError::new(
+                code::INVALID_ENVIRONMENT,
+                format!("unknown CNI_COMMAND: {c}"),
+            )
+        })?,
+    };
+    if command == Command::Version {
+        // Answered even when stdin is unreadable: skel ignores it too.
+        return Ok(version_answer(stdin.as_deref().unwrap_or_default()));
+    }
+    let stdin = stdin?;
+    check_env(command, env)?;
+    let config = Config::from_stdin(&stdin)?;
+    if let Some(min) = command.min_version() {
+        if result::compare(&config.cni_version, min) == Some(Ordering::Less) {
+            return Err(CniError::new(
+                code::INCOMPATIBLE_VERSION,
+                format!(
+                    "config version {} does not allow {}",
+                    config.cni_version,
+                    command.name()
+                ),
+            )
+            .with_details(format!(
+                "{} needs cniVersion {min} or later",
+                command.name()
+            )));
+        }
+    }
+    let request = api::Request {
+        env: ENV_VARS
+            .iter()
+            .filter_map(|k| env(k).map(|v| (k.to_string(), v)))
+            .collect::<BTreeMap<_, _>>(),
+        config: stdin,
+        interface_attributes: None,
+    };
+    let body = serde_json::to_vec(&request)
+        .map_err(|e| CniError::new(code::INTERNAL, format!("cannot encode the request: {e}")))?;
+    let client = Client {
+        config: &config,
+        deadline: started + config.timeout,
+        started,
+    };
+    let response = client.exchange(&body, log)?;
+    client.answer(command, response)
+}
+
+/// Reads stdin up to [`MAX_STDIN_BYTES`].
+fn read_stdin(stdin: impl Read) -> Result<Vec<u8>, CniError> {
+    let mut buf = Vec::new();
+    stdin
+        .take(MAX_STDIN_BYTES as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| {
+            CniError::new(
+                code::IO_FAILURE,
+                format!("cannot read the network config from stdin: {e}"),
+            )
+        })?;
+    if buf.len() > MAX_STDIN_BYTES {
+        return Err(CniError::new(
+            code::INVALID_NETWORK_CONFIG,
+            format!("the network config on stdin is larger than {MAX_STDIN_BYTES} bytes"),
+        ));
+    }
+    Ok(buf)
+}
+
+/// The environment skel requires per command (CNI spec, section 3).
+fn check_env(command: Command, env: &dyn Fn(&str) -> Option<String>) -> Result<(), CniError> {
+    let needs: &[&str] = match command {
+        Command::Add | Command::Check => &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"],
+        Command::Del => &["CNI_CONTAINERID", "CNI_IFNAME"],
+        Command::Gc | Command::Status | Command::Version => &[],
+    };
+    let missing: Vec<&str> = needs
+        .iter()
+        .copied()
+        .filter(|k| env(k).is_none_or(|v| v.is_empty()))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(CniError::new(
+            code::INVALID_ENVIRONMENT,
+            format!("required env variables [{}] missing", missing.join(",")),
+        ))
+    }
+}
+
+#[derive(Serialize)]
+struct VersionAnswer<'a> {
+    #[serde(rename = "cniVersion")]
+    cni_version: &'a str,
+    #[serde(rename = "supportedVersions")]
+    supported_versions: &'a [&'a str],
+}
+
+/// VERSION: the config's `cniVersion` echoed when supported, else the
+/// newest; compact with a trailing newline, as Go plugins print it.
+fn version_answer(stdin: &[u8]) -> Vec<u8> {
+    #[derive(Deserialize)]
+    struct Asked {
+        #[serde(rename = "cniVersion")]
+        cni_version: Option<String>,
+    }
+    let asked = serde_json::from_slice::<Asked>(stdin)
+        .ok()
+        .and_then(|a| a.cni_version)
+        .filter(|v| result::is_supported(v));
+    let answer = VersionAnswer {
+        cni_version: asked.as_deref().unwrap_or(result::LATEST),
+        supported_versions: result::SUPPORTED,
+    };
+    let mut out = serde_json::to_vec(&answer).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// One request to the daemon, within the call's deadline.
+struct Client<'a> {
+    config: &'a Config,
+    deadline: Instant,
+    started: Instant,
+}
+
+impl Client<'_> {
+    fn path(&self) -> std::path::Display<'_> {
+        self.config.socket.display()
+    }
+
+    /// Connects, sends the request and reads the answer.
+    fn exchange(&self, body: &[u8], log: &mut dyn Write) -> Result<Response, CniError> {
+        let mut stream = self.connect(log)?;
+        let mut raw = format!(
+            "POST {} HTTP/1.1\r\nHost: plexus\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            api::PATH_CNI,
+            body.len()
+        )
+        .into_bytes();
+        raw.extend_from_slice(body);
+        // The write side is never shut down: a server may take a half-close
+        // for an abandoned request.
+        let sent = write_all(&mut stream, &raw, self.deadline);
+        // Even when the write failed, the daemon may have answered (e.g. a
+        // 413 before reading the whole body); that answer wins.
+        match (read_response(&mut stream, self.deadline), sent) {
+            (Ok(response), _) => Ok(response),
+            (Err(_), Err(e)) => Err(CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "the connection to plexusd at {} failed before the request was sent ({e}); try again later",
+                    self.path()
+                ),
+            )),
+            (Err(e), Ok(())) => Err(self.read_error(e)),
+        }
+    }
+
+    /// Connects, retrying while the socket is missing, refuses or has a
+    /// full backlog, until `connectTimeout` (bounded by `timeout`).
+    fn connect(&self, log: &mut dyn Write) -> Result<UnixStream, CniError> {
+        let until = (self.started + self.config.connect_timeout).min(self.deadline);
+        let mut backoff = FIRST_BACKOFF;
+        let mut waited = false;
+        loop {
+            let window = until
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
+            let err = match connect_once(&self.config.socket, window) {
+                Ok(stream) => return Ok(stream),
+                Err(e) => e,
+            };
+            if !is_transient(&err) {
+                return Err(CniError::new(
+                    code::IO_FAILURE,
+                    format!("cannot connect to plexusd at {}: {err}", self.path()),
+                ));
+            }
+            if !waited {
+                waited = true;
+                let line = format!(
+                    "plexus-shim: waiting for plexusd at {}: {err}\n",
+                    self.path()
+                );
+                // A closed stderr must not fail the call.
+                let _ = log.write_all(line.as_bytes());
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Err(CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    format!(
+                        "plexusd is not reachable at {}: {err} (retried for {}); try again later",
+                        self.path(),
+                        duration::format(until.saturating_duration_since(self.started))
+                    ),
+                ));
+            }
+            std::thread::sleep(backoff.min(until - now));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    fn read_error(&self, e: ReadError) -> CniError {
+        match e {
+            ReadError::TimedOut => CniError::new(
+                code::NO_ANSWER,
+                format!(
+                    "no answer from plexusd at {} within {}",
+                    self.path(),
+                    duration::format(self.config.timeout)
+                ),
+            )
+            .with_details("the request was sent; whether it took effect is unknown"),
+            ReadError::Closed(why) => CniError::new(
+                code::NO_ANSWER,
+                format!("no complete answer from plexusd at {}: {why}", self.path()),
+            )
+            .with_details("the request was sent; whether it took effect is unknown"),
+            ReadError::Io(err) => CniError::new(
+                code::NO_ANSWER,
+                format!("no complete answer from plexusd at {}: {err}", self.path()),
+            )
+            .with_details("the request was sent; whether it took effect is unknown"),
+            ReadError::Garbage(why) => self.bad_answer(&why),
+        }
+    }
+
+    fn bad_answer(&self, why: &str) -> CniError {
+        CniError::new(
+            code::BAD_ANSWER,
+            format!("invalid answer from plexusd at {}: {why}", self.path()),
+        )
+    }
+
+    /// Turns the daemon's answer into the shim's output.
+    fn answer(&self, command: Command, response: Response) -> Result<Vec<u8>, CniError> {
+        if response.status != 200 {
+            return Err(error_from(&response));
+        }
+        if command != Command::Add {
+            return Ok(Vec::new());
+        }
+        let body: Value = serde_json::from_slice(&response.body)
+            .map_err(|e| self.bad_answer(&format!("the ADD answer is not JSON: {e}")))?;
+        let found = match body.get("Result") {
+            Some(r) if !r.is_null() => r,
+            _ => return Err(self.bad_answer("the ADD answer has no Result")),
+        };
+        let converted = result::Success::from_value_or(found, result::LATEST)
+            .and_then(|r| r.convert(&self.config.cni_version))
+            .map_err(|e| match e {
+                result::Error::Unsupported { .. } => CniError::new(e.code(), e.to_string()),
+                _ => self.bad_answer(&format!("the ADD answer holds an {e}")),
+            })?;
+        Ok(converted.to_pretty())
+    }
+}
+
+/// The CNI error for a non-200 answer: the daemon's own error JSON when it
+/// sent one (code, msg and details kept), else a message quoting the body.
+fn error_from(response: &Response) -> CniError {
+    #[derive(Deserialize)]
+    struct WireError {
+        #[serde(default)]
+        code: u32,
+        #[serde(default)]
+        msg: String,
+        #[serde(default)]
+        details: String,
+    }
+    // Like multus-shim: a CNI error counts when it has a message.
+    if let Ok(e) = serde_json::from_slice::<WireError>(&response.body) {
+        if !e.msg.is_empty() {
+            return CniError::new(e.code, e.msg).with_details(e.details);
+        }
+    }
+    let text = String::from_utf8_lossy(&response.body);
+    let text = text.trim();
+    // A 503 means "try again later" whatever its body says.
+    let code = if response.status == 503 {
+        code::TRY_AGAIN_LATER
+    } else {
+        code::UNCODED_FAILURE
+    };
+    if text.is_empty() {
+        return CniError::new(
+            code,
+            format!(
+                "plexusd answered {} {} with an empty body",
+                response.status, response.reason
+            ),
+        );
+    }
+    let quoted: String = match text.char_indices().nth(MAX_QUOTED_BODY_CHARS) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_string(),
+    };
+    CniError::new(
+        code,
+        format!("plexusd answered {}: {quoted}", response.status),
+    )
+}
+
+/// Whether a failed connect may succeed later: no socket yet, nobody
+/// listening (daemon restarting without socket activation), backlog full.
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::WouldBlock
+            | io::ErrorKind::TimedOut
+            | io::ErrorKind::Interrupted
+    )
+}
+
+/// One `connect(2)` that waits at most `wait` for room in the listener's
+/// backlog.
+///
+/// `UnixStream::connect` would block without limit on a full backlog: the
+/// kernel waits for room for as long as the socket's send timeout, which
+/// is infinite by default. So the socket is made by hand and gets
+/// `SO_SNDTIMEO` first; then a full backlog ends in EAGAIN, which is
+/// retried like a refused connection.
+fn connect_once(path: &Path, wait: Duration) -> io::Result<UnixStream> {
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain old data, for which all zeroes is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "not a usable socket path (empty, longer than {} bytes, or with a NUL byte)",
+                addr.sun_path.len() - 1
+            ),
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + 1;
+    // SAFETY: socket(2) with constant arguments; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor owned by nothing else.
+    let stream = UnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    stream.set_write_timeout(Some(wait))?;
+    loop {
+        // SAFETY: `addr` is an initialised sockaddr_un and `len` lies within
+        // it (the path is shorter than sun_path, checked above).
+        let rc = unsafe {
+            libc::connect(
+                stream.as_raw_fd(),
+                std::ptr::addr_of!(addr).cast::<libc::sockaddr>(),
+                len as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            return Ok(stream);
+        }
+        let err = io::Error::last_os_error();
+        // An interrupted unix-socket connect leaves the socket unconnected,
+        // so it may simply be repeated.
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+fn remaining(deadline: Instant) -> Option<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    (!left.is_zero()).then_some(left)
+}
+
+fn write_all(stream: &mut UnixStream, mut buf: &[u8], deadline: Instant) -> io::Result<()> {
+    while !buf.is_empty() {
+        let left = remaining(deadline).ok_or(io::ErrorKind::TimedOut)?;
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A parsed HTTP response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Response {
+    status: u16,
+    reason: String,
+    body: Vec<u8>,
+}
+
+/// Why no response could be read.
+#[derive(Debug)]
+enum ReadError {
+    /// The deadline passed.
+    TimedOut,
+    /// The daemon closed the connection before a complete response.
+    Closed(String),
+    /// The connection failed (e.g. reset).
+    Io(io::Error),
+    /// What arrived is not an HTTP response we can use.
+    Garbage(String),
+}
+
+/// How the body of a response ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Length(usize),
+    Chunked,
+    UntilClose,
+}
+
+/// Reads one response: the head, then a body framed by Content-Length,
+/// chunked encoding, or the end of the connection.
+fn read_response(stream: &mut UnixStream, deadline: Instant) -> Result<Response, ReadError> {
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    loop {
+        // The head.
+        let mut searched = 0;
+        let head_end = loop {
+            if let Some(i) = find(&buf[searched..], b"\r\n\r\n") {
+                break searched + i + 4;
+            }
+            searched = buf.len().saturating_sub(3);
+            let prefix = &b"HTTP/"[..buf.len().min(5)];
+            if !buf.starts_with(prefix) {
+                return Err(ReadError::Garbage(format!(
+                    "it does not start with an HTTP status line: {:?}",
+                    snippet(&buf)
+                )));
+            }
+            if buf.len() > MAX_HEAD_BYTES {
+                return Err(ReadError::Garbage(format!(
+                    "the response head is longer than {MAX_HEAD_BYTES} bytes"
+                )));
+            }
+            if fill(stream, &mut buf, deadline)? == 0 {
+                return Err(ReadError::Closed(if buf.is_empty() {
+                    "it closed the connection without answering".into()
+                } else {
+                    "it closed the connection in the middle of the response head".into()
+                }));
+            }
+        };
+        let (status, reason, framing) = parse_head(&buf[..head_end])?;
+        buf.drain(..head_end);
+        // 1xx answers are interim; the real one follows.
+        if (100..200).contains(&status) && status != 101 {
+            continue;
+        }
+        let body = read_body(stream, buf, framing, deadline)?;
+        return Ok(Response {
+            status,
+            reason,
+            body,
+        });
+    }
+}
+
+fn read_body(
+    stream: &mut UnixStream,
+    mut buf: Vec<u8>,
+    framing: Framing,
+    deadline: Instant,
+) -> Result<Vec<u8>, ReadError> {
+    loop {
+        match framing {
+            Framing::Length(n) if buf.len() >= n => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Framing::Chunked => {
+                if let Some(body) = decode_chunked(&buf).map_err(ReadError::Garbage)? {
+                    return Ok(body);
+                }
+            }
+            _ => {}
+        }
+        if buf.len() > MAX_RESPONSE_BODY_BYTES {
+            return Err(ReadError::Garbage(format!(
+                "the response body is longer than {MAX_RESPONSE_BODY_BYTES} bytes"
+            )));
+        }
+        if fill(stream, &mut buf, deadline)? == 0 {
+            return match framing {
+                Framing::UntilClose => Ok(buf),
+                Framing::Length(n) => Err(ReadError::Closed(format!(
+                    "it closed the connection after {} of {n} body bytes",
+                    buf.len()
+                ))),
+                Framing::Chunked => Err(ReadError::Closed(
+                    "it closed the connection in the middle of a chunked body".into(),
+                )),
+            };
+        }
+    }
+}
+
+/// Reads more bytes into `buf`; 0 means the peer closed.
+fn fill(stream: &mut UnixStream, buf: &mut Vec<u8>, deadline: Instant) -> Result<usize, ReadError> {
+    let mut chunk = [0u8; 8192];
+    loop {
+        let left = remaining(deadline).ok_or(ReadError::TimedOut)?;
+        stream.set_read_timeout(Some(left)).map_err(ReadError::Io)?;
+        match stream.read(&mut chunk) {
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                return Ok(n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(ReadError::TimedOut)
+            }
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+    }
+}
+
+/// Parses a response head (status line and headers, with the blank line).
+fn parse_head(head: &[u8]) -> Result<(u16, String, Framing), ReadError> {
+    let garbage = |why: String| ReadError::Garbage(why);
+    let text = std::str::from_utf8(head)
+        .map_err(|_| garbage("the response head is not valid UTF-8".into()))?;
+    let mut lines = text.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let mut parts = status_line.splitn(3, ' ');
+    let version = parts.next().unwrap_or_default();
+    let status = parts
+        .next()
+        .filter(|s| s.len() == 3 && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u16>().ok());
+    let (true, Some(status)) = (version.starts_with("HTTP/1."), status) else {
+        return Err(garbage(format!(
+            "bad status line {:?}",
+            snippet(status_line.as_bytes())
+        )));
+    };
+    let reason = parts.next().unwrap_or_default().to_string();
+    let mut length: Option<usize> = None;
+    let mut chunked = false;
+    for line in lines.filter(|l| !l.is_empty()) {
+        let Some((name, value)) = line.split_once(':') else {
+            return Err(garbage(format!(
+                "bad header line {:?}",
+                snippet(line.as_bytes())
+            )));
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            let n = value
+                .parse::<usize>()
+                .map_err(|_| garbage(format!("bad Content-Length {value:?}")))?;
+            if length.is_some_and(|m| m != n) {
+                return Err(garbage("conflicting Content-Length headers".into()));
+            }
+            length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            let last = value.rsplit(',').next().unwrap_or_default().trim();
+            if !last.eq_ignore_ascii_case("chunked") {
+                return Err(garbage(format!("unsupported Transfer-Encoding {value:?}")));
+            }
+            chunked = true;
+        }
+    }
+    let framing = match (chunked, length) {
+        (true, _) => Framing::Chunked,
+        (false, Some(n)) if n > MAX_RESPONSE_BODY_BYTES => {
+            return Err(garbage(format!(
+                "the response body is longer than {MAX_RESPONSE_BODY_BYTES} bytes"
+            )))
+        }
+        (false, Some(n)) => Framing::Length(n),
+        (false, None) => Framing::UntilClose,
+    };
+    Ok((status, reason, framing))
+}
+
+/// Decodes a chunked body: `Ok(None)` while incomplete. Chunk extensions
+/// and trailers are skipped.
+fn decode_chunked(mut data: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let mut body = Vec::new();
+    loop {
+        let Some(eol) = find(data, b"\r\n") else {
+            return Ok(None);
+        };
+        let size_text =
+            std::str::from_utf8(&data[..eol]).map_err(|_| "bad chunk size".to_string())?;
+        let size_text = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .map_err(|_| format!("bad chunk size {:?}", snippet(size_text.as_bytes())))?;
+        data = &data[eol + 2..];
+        if size == 0 {
+            // Trailers end with an empty line.
+            let mut rest = data;
+            loop {
+                let Some(eol) = find(rest, b"\r\n") else {
+                    return Ok(None);
+                };
+                if eol == 0 {
+                    return Ok(Some(body));
+                }
+                rest = &rest[eol + 2..];
+            }
+        }
+        if size > MAX_RESPONSE_BODY_BYTES || body.len() + size > MAX_RESPONSE_BODY_BYTES {
+            return Err(format!(
+                "the response body is longer than {MAX_RESPONSE_BODY_BYTES} bytes"
+            ));
+        }
+        if data.len() < size + 2 {
+            return Ok(None);
+        }
+        if &data[size..size + 2] != b"\r\n" {
+            return Err("a chunk does not end with CRLF".into());
+        }
+        body.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The start of some bytes, for messages.
+fn snippet(bytes: &[u8]) -> String {
+    let end = bytes.len().min(80);
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(20)
+    }
+
+    /// Parses `raw` as if a daemon had written it and closed.
+    fn parse(raw: &[u8]) -> Result<Response, ReadError> {
+        let (mut ours, mut theirs) = UnixStream::pair().unwrap();
+        theirs.write_all(raw).unwrap();
+        drop(theirs);
+        read_response(&mut ours, far())
+    }
+
+    #[test]
+    fn response_with_content_length_should_stop_at_the_length() {
+        let r = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloEXTRA").unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"hello"[..]));
+        assert_eq!(r.reason, "OK");
+    }
+
+    #[test]
+    fn response_without_length_should_read_until_close() {
+        let r = parse(b"HTTP/1.0 400 Bad Request\r\nX: y\r\n\r\nsome text\n").unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (400, &b"some text\n"[..]));
+    }
+
+    #[test]
+    fn chunked_response_should_be_decoded() {
+        let r = parse(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\nWiki\r\n5\r\npedia\r\n0\r\nTrailer: x\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.body, b"Wikipedia");
+    }
+
+    #[test]
+    fn interim_response_should_be_skipped() {
+        let r = parse(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.status, 204);
+    }
+
+    #[test]
+    fn truncated_responses_should_be_closed_errors() {
+        for raw in [
+            &b""[..],
+            b"HTTP/1.1 200",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+        ] {
+            assert!(
+                matches!(parse(raw), Err(ReadError::Closed(_))),
+                "{:?}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+    }
+
+    #[test]
+    fn garbage_should_be_garbage_errors() {
+        for raw in [
+            &b"garbage"[..],
+            b"\x00\x01\x02",
+            b"HTTP/1.1 abc OK\r\n\r\n",
+            b"HTTP/2 200 OK\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n",
+        ] {
+            assert!(
+                matches!(parse(raw), Err(ReadError::Garbage(_))),
+                "{:?}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+    }
+
+    #[test]
+    fn silent_daemon_should_time_out() {
+        let (mut ours, _theirs) = UnixStream::pair().unwrap();
+        let deadline = Instant::now() + Duration::from_millis(50);
+        assert!(matches!(
+            read_response(&mut ours, deadline),
+            Err(ReadError::TimedOut)
+        ));
+    }
+
+    fn config(json: &str) -> Result<Config, CniError> {
+        Config::from_stdin(json.as_bytes())
+    }
+
+    #[test]
+    fn config_should_default_to_the_plexus_socket() {
+        let c = config(r#"{"cniVersion":"1.0.0"}"#).unwrap();
+        assert_eq!(c.socket, Path::new("/run/plexus/plexus.sock"));
+        assert_eq!(c.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(c.timeout, DEFAULT_TIMEOUT);
+    }
+
+    #[test]
+    fn config_socket_path_should_win_over_socket_dir() {
+        let c = config(r#"{"cniVersion":"1.0.0","daemonSocketDir":"/run/multus/"}"#).unwrap();
+        assert_eq!(c.socket, Path::new("/run/multus/plexus.sock"));
+        let c = config(
+            r#"{"cniVersion":"1.0.0","daemonSocketDir":"/x","socketPath":"/run/multus/multus.sock","connectTimeout":"2s","timeout":"1m"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.socket, Path::new("/run/multus/multus.sock"));
+        assert_eq!(c.connect_timeout, Duration::from_secs(2));
+        assert_eq!(c.timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn config_errors_should_have_their_codes() {
+        let cases = [
+            ("", 6),
+            ("  \n", 6),
+            ("{", 6),
+            ("[1]", 6),
+            (r#"{"name":"x"}"#, 7),
+            (r#"{"cniVersion":""}"#, 7),
+            (r#"{"cniVersion":1}"#, 7),
+            (r#"{"cniVersion":"0.2.0"}"#, 1),
+            (r#"{"cniVersion":"9.9.9"}"#, 1),
+        ];
+        for (stdin, code) in cases {
+            assert_eq!(config(stdin).unwrap_err().code, code, "{stdin:?}");
+        }
+    }
+
+    #[test]
+    fn every_bad_shim_key_should_be_reported_at_once() {
+        let e = config(
+            r#"{"cniVersion":"1.0.0","socketPath":5,"daemonSocketDir":"","connectTimeout":"soon","timeout":"0"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, 7);
+        for key in ["socketPath", "daemonSocketDir", "connectTimeout", "timeout"] {
+            assert!(e.msg.contains(key), "{key} missing in {}", e.msg);
+        }
+    }
+
+    fn run_with(env: &[(&str, &str)], stdin: &[u8]) -> (Outcome, Value) {
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut log = Vec::new();
+        let out = run(|k| env.get(k).cloned(), stdin, &mut log);
+        let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out, json)
+    }
+
+    #[test]
+    fn version_should_echo_a_supported_config_version() {
+        let (out, _) = run_with(&[("CNI_COMMAND", "VERSION")], br#"{"cniVersion":"0.4.0"}"#);
+        assert_eq!(out.exit_code, 0);
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            "{\"cniVersion\":\"0.4.0\",\"supportedVersions\":[\"0.3.0\",\"0.3.1\",\"0.4.0\",\"1.0.0\",\"1.1.0\"]}\n"
+        );
+        for stdin in [&b""[..], b"garbage", br#"{"cniVersion":"0.2.0"}"#] {
+            let (out, json) = run_with(&[("CNI_COMMAND", "VERSION")], stdin);
+            assert_eq!(out.exit_code, 0);
+            assert_eq!(json["cniVersion"], "1.1.0");
+        }
+    }
+
+    #[test]
+    fn env_errors_should_be_code_4_and_name_the_variables() {
+        let ok_stdin = br#"{"cniVersion":"1.0.0","socketPath":"/nonexistent/s"}"#;
+        let (out, json) = run_with(&[], ok_stdin);
+        assert_eq!((out.exit_code, &json["code"]), (1, &Value::from(4)));
+        assert!(json["msg"].as_str().unwrap().contains("CNI_COMMAND"));
+        let (_, json) = run_with(&[("CNI_COMMAND", "add")], ok_stdin);
+        assert_eq!(json["code"], 4);
+        assert_eq!(json["msg"], "unknown CNI_COMMAND: add");
+        let (_, json) = run_with(&[("CNI_COMMAND", "ADD"), ("CNI_NETNS", "")], ok_stdin);
+        assert_eq!(
+            json["msg"],
+            "required env variables [CNI_CONTAINERID,CNI_NETNS,CNI_IFNAME] missing"
+        );
+        let (_, json) = run_with(&[("CNI_COMMAND", "DEL"), ("CNI_IFNAME", "eth0")], ok_stdin);
+        assert_eq!(
+            json["msg"],
+            "required env variables [CNI_CONTAINERID] missing"
+        );
+    }
+
+    #[test]
+    fn version_gates_should_refuse_old_configs() {
+        let env = [
+            ("CNI_COMMAND", "CHECK"),
+            ("CNI_CONTAINERID", "c"),
+            ("CNI_NETNS", "/n"),
+            ("CNI_IFNAME", "eth0"),
+        ];
+        let (_, json) = run_with(&env, br#"{"cniVersion":"0.3.1"}"#);
+        assert_eq!(json["code"], 1);
+        for cmd in ["GC", "STATUS"] {
+            let (_, json) = run_with(&[("CNI_COMMAND", cmd)], br#"{"cniVersion":"1.0.0"}"#);
+            assert_eq!(json["code"], 1, "{cmd}");
+            assert!(json["msg"].as_str().unwrap().contains(cmd));
+        }
+    }
+
+    #[test]
+    fn oversize_stdin_should_be_refused() {
+        let big = vec![b' '; MAX_STDIN_BYTES + 1];
+        let (out, json) = run_with(&[("CNI_COMMAND", "GC")], &big);
+        assert_eq!((out.exit_code, &json["code"]), (1, &Value::from(7)));
+    }
+
+    #[test]
+    fn error_bodies_should_keep_the_daemon_code_or_quote_the_text() {
+        let resp = |status, body: &str| Response {
+            status,
+            reason: "Whatever".into(),
+            body: body.as_bytes().to_vec(),
+        };
+        let e = error_from(&resp(400, r#"{"code":7,"msg":"bad","details":"why"}"#));
+        assert_eq!(
+            (e.code, e.msg.as_str(), e.details.as_str()),
+            (7, "bad", "why")
+        );
+        let e = error_from(&resp(503, r#"{"code":11,"msg":"busy; try again later"}"#));
+        assert_eq!(e.code, 11);
+        let e = error_from(&resp(400, "could not extract: missing K8S_POD_NAME\n"));
+        assert_eq!(e.code, 999);
+        assert_eq!(
+            e.msg,
+            "plexusd answered 400: could not extract: missing K8S_POD_NAME"
+        );
+        let e = error_from(&resp(503, ""));
+        assert_eq!(e.code, 11);
+        assert_eq!(e.msg, "plexusd answered 503 Whatever with an empty body");
+        let e = error_from(&resp(400, r#"{"code":7}"#));
+        assert_eq!(e.code, 999, "no msg: quoted as text");
+        let long = "x".repeat(10_000);
+        assert!(error_from(&resp(500, &long)).msg.len() < 4200);
+    }
+}

@@ -1,0 +1,478 @@
+//! `plexus-shim` on the wire: replaying the captured multus-daemon answers
+//! (tests/fixtures/multus-wire) and answers no daemon should give, from a
+//! tiny in-test unix-socket server that writes raw bytes.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use support::daemon::TestDir;
+
+const SHIM: &str = env!("CARGO_BIN_EXE_plexus-shim");
+const T: Duration = Duration::from_secs(30);
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/multus-wire/");
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!("{FIXTURES}{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+// ---------------------------------------------------------------------------
+// Running the shim
+
+#[derive(Debug)]
+struct Run {
+    code: Option<i32>,
+    stdout: Vec<u8>,
+    stderr: String,
+}
+
+impl Run {
+    fn stdout_str(&self) -> &str {
+        std::str::from_utf8(&self.stdout).unwrap()
+    }
+
+    /// Asserts a failed call with CNI error `code`; returns the error.
+    fn error(&self, code: u32) -> Value {
+        assert_eq!(self.code, Some(1), "{self:?}");
+        let v: Value = serde_json::from_slice(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"));
+        assert_eq!(v["code"], code, "{self:?}");
+        assert!(!v["msg"].as_str().unwrap_or("").is_empty(), "{self:?}");
+        v
+    }
+}
+
+/// Runs the shim with exactly `env` and `stdin`, bounded by [`T`].
+fn shim(env: &BTreeMap<String, String>, stdin: &[u8]) -> Run {
+    let mut child = Command::new(SHIM)
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn plexus-shim");
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = out.read_to_end(&mut b);
+        b
+    });
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > T {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("plexus-shim did not exit within {T:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    Run {
+        code: status.code(),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+fn cni_env(command: &str) -> BTreeMap<String, String> {
+    [
+        ("CNI_COMMAND", command),
+        ("CNI_CONTAINERID", "ctr-wire"),
+        ("CNI_NETNS", "/run/netns/wire"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_ARGS", "IgnoreUnknown=1"),
+        ("CNI_PATH", "/usr/lib/cni"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+fn conf(sock: &Path, extra: Value) -> Vec<u8> {
+    let mut v =
+        json!({"cniVersion": "1.0.0", "name": "wire", "type": "plexus-shim", "socketPath": sock});
+    for (k, x) in extra.as_object().unwrap() {
+        v[k] = x.clone();
+    }
+    serde_json::to_vec(&v).unwrap()
+}
+
+// ---------------------------------------------------------------------------
+// A raw one-connection server
+
+/// Serves one connection on `<dir>/raw.sock`: reads one request (head plus
+/// Content-Length body), then lets `answer` write whatever it likes.
+struct Raw {
+    sock: PathBuf,
+    got: Option<JoinHandle<Vec<u8>>>,
+    _dir: TestDir,
+}
+
+impl Raw {
+    fn start(name: &str, answer: impl FnOnce(&mut UnixStream) + Send + 'static) -> Self {
+        let dir = TestDir::new(name);
+        let sock = dir.join("raw.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let got = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.set_read_timeout(Some(T)).unwrap();
+            let request = read_request(&mut stream);
+            answer(&mut stream);
+            request
+        });
+        Raw {
+            sock,
+            got: Some(got),
+            _dir: dir,
+        }
+    }
+
+    /// Answers with exactly `bytes`, then closes.
+    fn replying(name: &str, bytes: Vec<u8>) -> Self {
+        Self::start(name, move |s| {
+            let _ = s.write_all(&bytes);
+        })
+    }
+
+    /// The raw request the server received.
+    fn request(mut self) -> Vec<u8> {
+        self.got.take().unwrap().join().expect("raw server thread")
+    }
+}
+
+fn read_request(stream: &mut UnixStream) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map(|v| v.trim().parse().unwrap())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return buf;
+            }
+        }
+        let n = stream.read(&mut chunk).unwrap();
+        if n == 0 {
+            return buf;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A request split into its head lines and its JSON body.
+fn parse_request(raw: &[u8]) -> (Vec<String>, Value) {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("request head");
+    let head = std::str::from_utf8(&raw[..end]).unwrap();
+    let lines: Vec<String> = head.split("\r\n").map(str::to_string).collect();
+    let body = &raw[end + 4..];
+    let length = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .expect("Content-Length header");
+    assert_eq!(length.parse::<usize>().unwrap(), body.len());
+    (
+        lines,
+        serde_json::from_slice(body).expect("JSON request body"),
+    )
+}
+
+/// The env and decoded config of a captured multus-shim request.
+fn captured(name: &str) -> (BTreeMap<String, String>, Vec<u8>) {
+    let (_, body) = parse_request(&fixture(name));
+    let env = serde_json::from_value(body["env"].clone()).unwrap();
+    let config = base64::engine::general_purpose::STANDARD
+        .decode(body["config"].as_str().unwrap())
+        .unwrap();
+    (env, config)
+}
+
+/// The captured shim stdin with `socketPath` added before its final `}`.
+fn stdin_with_socket(sock: &Path) -> Vec<u8> {
+    let original = fixture("shim-stdin-config.json");
+    let text = std::str::from_utf8(&original).unwrap();
+    let close = text.rfind('}').unwrap();
+    format!(
+        "{},\"socketPath\":{}{}",
+        &text[..close],
+        serde_json::to_string(sock.to_str().unwrap()).unwrap(),
+        &text[close..]
+    )
+    .into_bytes()
+}
+
+/// Asserts that our request has the captured request's shape: `POST /cni`
+/// with a JSON body of `env` (the CNI variables only) and `config` (the
+/// stdin, base64).
+fn assert_like_capture(raw: &[u8], capture: &str, stdin: &[u8]) {
+    let (lines, body) = parse_request(raw);
+    assert_eq!(lines[0], "POST /cni HTTP/1.1");
+    assert!(lines.contains(&"Host: plexus".to_string()), "{lines:?}");
+    assert!(
+        lines.contains(&"Content-Type: application/json".to_string()),
+        "{lines:?}"
+    );
+    let (_, captured_body) = parse_request(&fixture(capture));
+    let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&body), keys(&captured_body));
+
+    let (captured_env, captured_config) = captured(capture);
+    let cni_only: BTreeMap<String, String> = captured_env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("CNI_"))
+        .collect();
+    let env: BTreeMap<String, String> = serde_json::from_value(body["env"].clone()).unwrap();
+    assert_eq!(
+        env, cni_only,
+        "the CNI variables, and nothing else (no PATH)"
+    );
+
+    let config = base64::engine::general_purpose::STANDARD
+        .decode(body["config"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(config, stdin, "config is the stdin, byte for byte");
+    // Apart from the socketPath we added, it is the captured config.
+    let mut ours: Value = serde_json::from_slice(&config).unwrap();
+    ours.as_object_mut().unwrap().remove("socketPath");
+    assert_eq!(
+        ours,
+        serde_json::from_slice::<Value>(&captured_config).unwrap()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Replays of the captured multus-daemon answers
+
+#[test]
+fn replayed_multus_add_should_print_what_multus_shim_printed() {
+    let server = Raw::replying("wire-add", fixture("02-ADD-cni-response.txt"));
+    let stdin = stdin_with_socket(&server.sock);
+    let (env, _) = captured("02-ADD-cni-request.txt");
+    let run = shim(&env, &stdin);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(
+        run.stdout_str(),
+        std::str::from_utf8(&fixture("shim-ADD-stdout.txt")).unwrap(),
+        "byte for byte what multus-shim printed"
+    );
+    assert_eq!(run.stderr, "", "the daemon was there: no waiting");
+    assert_like_capture(&server.request(), "02-ADD-cni-request.txt", &stdin);
+}
+
+#[test]
+fn replayed_multus_del_should_print_nothing_and_exit_zero() {
+    let server = Raw::replying("wire-del", fixture("04-DEL-cni-response.txt"));
+    let stdin = stdin_with_socket(&server.sock);
+    let (env, _) = captured("04-DEL-cni-request.txt");
+    let run = shim(&env, &stdin);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stdout, fixture("shim-DEL-stdout.txt"));
+    assert!(run.stdout.is_empty());
+    assert_like_capture(&server.request(), "04-DEL-cni-request.txt", &stdin);
+}
+
+#[test]
+fn replayed_multus_text_error_should_give_a_clear_error_and_fail() {
+    let server = Raw::replying(
+        "wire-err",
+        fixture("06-ADD-error-no-podname-cni-response.txt"),
+    );
+    let stdin = stdin_with_socket(&server.sock);
+    let (env, _) = captured("06-ADD-error-no-podname-cni-request.txt");
+    let run = shim(&env, &stdin);
+    // multus-shim printed code 999 with the text wrapped in its own
+    // prefixes; a plain-text body carries no code, so 999 stays.
+    let err = run.error(999);
+    assert_eq!(
+        err["msg"],
+        "plexusd answered 400: could not extract the kubernetes runtime args: missing K8S_POD_NAME"
+    );
+    let multus: Value =
+        serde_json::from_slice(&fixture("shim-ADD-error-no-podname-stdout.txt")).unwrap();
+    assert_eq!(err["code"], multus["code"]);
+    assert!(
+        run.stdout_str()
+            .starts_with("{\n    \"code\": 999,\n    \"msg\": "),
+        "pretty-printed like multus-shim: {run:?}"
+    );
+    assert_like_capture(
+        &server.request(),
+        "06-ADD-error-no-podname-cni-request.txt",
+        &stdin,
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Answers no daemon should give
+
+#[test]
+fn garbage_answers_should_give_code_102() {
+    let cases: [(&str, &[u8]); 4] = [
+        ("wire-garbage", b"\x00\x17garbage that is not HTTP at all"),
+        ("wire-badstatus", b"HTTP/1.1 OK fine\r\n\r\n"),
+        (
+            "wire-notjson",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nnot json!",
+        ),
+        (
+            "wire-noresult",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+        ),
+    ];
+    for (name, answer) in cases {
+        let server = Raw::replying(name, answer.to_vec());
+        let run = shim(&cni_env("ADD"), &conf(&server.sock, json!({})));
+        let err = run.error(102);
+        let msg = err["msg"].as_str().unwrap();
+        assert!(msg.starts_with("invalid answer from plexusd at "), "{msg}");
+        assert!(msg.contains(server.sock.to_str().unwrap()), "{msg}");
+        server.request();
+    }
+}
+
+#[test]
+fn closing_mid_response_should_fail_with_code_101_for_add_and_del() {
+    let answers: [(&str, &[u8], &str); 3] = [
+        ("wire-silentclose", b"", "without answering"),
+        (
+            "wire-halfhead",
+            b"HTTP/1.1 200 OK\r\nContent-Le",
+            "response head",
+        ),
+        (
+            "wire-shortbody",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 213\r\n\r\n{\"Result\":{\"cniV",
+            "after 16 of 213 body bytes",
+        ),
+    ];
+    for command in ["ADD", "DEL"] {
+        for (name, answer, needle) in answers {
+            let server = Raw::replying(&format!("{name}-{command}"), answer.to_vec());
+            let run = shim(&cni_env(command), &conf(&server.sock, json!({})));
+            let err = run.error(101);
+            assert!(
+                err["msg"].as_str().unwrap().contains(needle),
+                "{command}: {needle:?} not in {run:?}"
+            );
+            assert_eq!(
+                err["details"],
+                "the request was sent; whether it took effect is unknown"
+            );
+            server.request();
+        }
+    }
+}
+
+#[test]
+fn daemon_closing_without_reading_should_not_exit_zero() {
+    // The server takes the connection and drops it at once, unread.
+    let dir = TestDir::new("wire-rst");
+    let sock = dir.join("rst.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || drop(listener.accept().unwrap()));
+    let run = shim(&cni_env("DEL"), &conf(&sock, json!({})));
+    server.join().unwrap();
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let v: Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert!(
+        v["code"] == 101 || v["code"] == 11,
+        "reset before or after the request was sent: {run:?}"
+    );
+}
+
+#[test]
+fn plain_text_errors_should_be_quoted_with_their_status() {
+    let cases: [(&str, &[u8], u32, &str); 3] = [
+        (
+            "wire-500",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\n  boom\n",
+            999,
+            "plexusd answered 500: boom",
+        ),
+        (
+            "wire-503text",
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
+            11,
+            "plexusd answered 503 Service Unavailable with an empty body",
+        ),
+        (
+            "wire-chunked",
+            b"HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nbad r\r\n7\r\nequest\n\r\n0\r\n\r\n",
+            999,
+            "plexusd answered 400: bad request",
+        ),
+    ];
+    for (name, answer, code, msg) in cases {
+        let server = Raw::replying(name, answer.to_vec());
+        let run = shim(&cni_env("CHECK"), &conf(&server.sock, json!({})));
+        let err = run.error(code);
+        assert_eq!(err["msg"], msg, "{name}");
+        server.request();
+    }
+}
+
+#[test]
+fn daemon_that_never_answers_should_be_cut_off_by_timeout() {
+    let server = Raw::start("wire-mute", |s| {
+        // Hold the connection open until the shim gives up and closes it.
+        let _ = s.read(&mut [0u8; 1]);
+    });
+    let started = Instant::now();
+    let run = shim(
+        &cni_env("ADD"),
+        &conf(&server.sock, json!({"timeout": "400ms"})),
+    );
+    let err = run.error(101);
+    assert_eq!(
+        err["msg"],
+        format!(
+            "no answer from plexusd at {} within 400ms",
+            server.sock.display()
+        )
+    );
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    let (lines, _) = parse_request(&server.request());
+    assert_eq!(lines[0], "POST /cni HTTP/1.1");
+}
+
+#[test]
+fn answer_without_content_length_should_be_read_until_close() {
+    let body = br#"{"Result":{"cniVersion":"1.1.0","ips":[{"address":"10.1.2.3/24"}]}}"#;
+    let mut answer = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_vec();
+    answer.extend_from_slice(body);
+    let server = Raw::replying("wire-nolength", answer);
+    let run = shim(
+        &cni_env("ADD"),
+        &conf(&server.sock, json!({"cniVersion": "0.4.0"})),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(
+        run.stdout_str(),
+        "{\n    \"cniVersion\": \"0.4.0\",\n    \"ips\": [\n        {\n            \"version\": \"4\",\n            \"address\": \"10.1.2.3/24\"\n        }\n    ],\n    \"dns\": {}\n}"
+    );
+    server.request();
+}

@@ -4,21 +4,18 @@
 mod support;
 
 use std::io::Write;
-use std::num::NonZeroUsize;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plexus::api;
-use plexus::limit::{self, Admission, ConnectionLimit};
-use plexus::metrics::Metrics;
-use plexus::server::{self, Failure, Handler, Reply, Shared};
+use plexus::server::{Failure, Handler, Reply};
 use support::daemon::{wait_until, Daemon, TestDir};
 use support::http;
+use support::inproc::InProcess;
 use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 const T: Duration = Duration::from_secs(20);
 
@@ -57,69 +54,19 @@ impl Handler for SlowHandler {
     }
 }
 
-struct Server {
-    sock: PathBuf,
-    stop: CancellationToken,
-    rt: tokio::runtime::Runtime,
-    task: Option<tokio::task::JoinHandle<server::Drained>>,
-    _dir: TestDir,
+/// The in-process server with a [`SlowHandler`].
+struct Server(InProcess);
+
+impl std::ops::Deref for Server {
+    type Target = InProcess;
+    fn deref(&self) -> &InProcess {
+        &self.0
+    }
 }
 
 impl Server {
     fn start(name: &str, limit: Option<usize>, queue: Duration, handler: SlowHandler) -> Self {
-        let dir = TestDir::new(name);
-        let sock = dir.join("plexus.sock");
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let std_listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        std_listener.set_nonblocking(true).unwrap();
-        let lcfg = limit::Config {
-            connection_limit: limit.and_then(NonZeroUsize::new),
-            queue_timeout: queue,
-            max_connections: NonZeroUsize::new(1024).unwrap(),
-        };
-        let stop = CancellationToken::new();
-        let task = {
-            let _in_runtime = rt.enter();
-            let listener = tokio::net::UnixListener::from_std(std_listener).unwrap();
-            let metrics = Arc::new(Metrics::new());
-            let shared = Arc::new(Shared::new(
-                server::Config {
-                    read_timeout: Duration::from_secs(10),
-                    max_body_bytes: api::MAX_BODY_BYTES,
-                },
-                handler,
-                Admission::new(&lcfg, metrics.clone()),
-                metrics,
-            ));
-            rt.spawn(server::run(
-                vec![listener],
-                shared,
-                ConnectionLimit::new(&lcfg),
-                stop.clone(),
-                Duration::from_secs(5),
-                false,
-            ))
-        };
-        Server {
-            sock,
-            stop,
-            rt,
-            task: Some(task),
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.cancel();
-        if let Some(t) = self.task.take() {
-            let _ = self.rt.block_on(t);
-        }
+        Server(InProcess::start(name, handler, limit, queue))
     }
 }
 

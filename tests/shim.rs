@@ -5,7 +5,6 @@
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::num::NonZeroUsize;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -15,12 +14,10 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use plexus::api::{self, CniError};
-use plexus::limit::{self, Admission, ConnectionLimit};
-use plexus::metrics::Metrics;
-use plexus::server::{self, Failure, FailureKind, Handler, Reply, Shared};
+use plexus::server::{Failure, FailureKind, Handler, Reply};
 use serde_json::{json, Value};
 use support::daemon::{Daemon, TestDir};
-use tokio_util::sync::CancellationToken;
+use support::inproc::InProcess;
 
 const SHIM: &str = env!("CARGO_BIN_EXE_plexus-shim");
 const T: Duration = Duration::from_secs(30);
@@ -168,12 +165,9 @@ impl Handler for Recorder {
 }
 
 struct Server {
-    dir: TestDir,
+    inner: InProcess,
     sock: PathBuf,
     seen: Arc<Mutex<Vec<api::Request>>>,
-    stop: CancellationToken,
-    rt: tokio::runtime::Runtime,
-    task: Option<tokio::task::JoinHandle<server::Drained>>,
 }
 
 impl Server {
@@ -182,68 +176,21 @@ impl Server {
         name: &str,
         respond: impl Fn(&api::Request) -> Result<Reply, Failure> + Send + Sync + 'static,
     ) -> Self {
-        let dir = TestDir::new(name);
-        let sock = dir.join(api::SOCKET_NAME);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let std_listener = UnixListener::bind(&sock).unwrap();
-        std_listener.set_nonblocking(true).unwrap();
-        let lcfg = limit::Config {
-            connection_limit: None,
-            queue_timeout: Duration::from_secs(10),
-            max_connections: NonZeroUsize::new(64).unwrap(),
-        };
         let seen = Arc::new(Mutex::new(Vec::new()));
         let handler = Recorder {
             seen: seen.clone(),
             respond: Arc::new(respond),
         };
-        let stop = CancellationToken::new();
-        let _guard = rt.enter();
-        let listener = tokio::net::UnixListener::from_std(std_listener).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let shared = Arc::new(Shared::new(
-            server::Config {
-                read_timeout: Duration::from_secs(10),
-                max_body_bytes: api::MAX_BODY_BYTES,
-            },
-            handler,
-            Admission::new(&lcfg, metrics.clone()),
-            metrics,
-        ));
-        let task = rt.spawn(server::run(
-            vec![listener],
-            shared,
-            ConnectionLimit::new(&lcfg),
-            stop.clone(),
-            Duration::from_secs(5),
-            false,
-        ));
-        drop(_guard);
+        let inner = InProcess::start(name, handler, None, Duration::from_secs(10));
         Server {
-            dir,
-            sock,
+            sock: inner.sock.clone(),
+            inner,
             seen,
-            stop,
-            rt,
-            task: Some(task),
         }
     }
 
     fn requests(&self) -> Vec<api::Request> {
         self.seen.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.cancel();
-        if let Some(t) = self.task.take() {
-            let _ = self.rt.block_on(t);
-        }
     }
 }
 
@@ -403,7 +350,7 @@ fn del_check_status_gc_should_print_nothing_and_exit_zero() {
             conf(
                 "0.3.1",
                 Path::new("/nonexistent/ignored.sock"),
-                json!({"socketPath": null, "daemonSocketDir": s.dir.path}),
+                json!({"socketPath": null, "daemonSocketDir": s.inner.dir.path}),
             ),
         ),
         ("CHECK", conf("0.4.0", &s.sock, json!({}))),

@@ -4,4 +4,5 @@
 
 pub mod daemon;
 pub mod http;
+pub mod inproc;
 pub mod systemd;

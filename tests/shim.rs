@@ -4,11 +4,11 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,96 +18,19 @@ use plexus::server::{Failure, FailureKind, Handler, Reply};
 use serde_json::{json, Value};
 use support::daemon::{Daemon, TestDir};
 use support::inproc::InProcess;
+use support::shim::{finish, Run};
 
-const SHIM: &str = env!("CARGO_BIN_EXE_plexus-shim");
-const T: Duration = Duration::from_secs(30);
 const VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 // ---------------------------------------------------------------------------
 // Running the shim
 
-/// What one shim run printed and returned.
-#[derive(Debug)]
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
-    }
-
-    /// Asserts a failed call with CNI error `code`; returns the error.
-    fn error(&self, code: u32) -> Value {
-        assert_eq!(self.code, Some(1), "{self:?}");
-        let v = self.json();
-        assert_eq!(v["code"], code, "{self:?}");
-        assert!(!v["msg"].as_str().unwrap_or("").is_empty(), "{self:?}");
-        v
-    }
-
-    fn success(&self) -> &str {
-        assert_eq!(self.code, Some(0), "{self:?}");
-        &self.stdout
-    }
-}
-
-/// Starts the shim with exactly `env` (nothing inherited) and `stdin`.
-fn spawn(env: &[(&str, &str)], stdin: &[u8]) -> Child {
-    let mut child = Command::new(SHIM)
-        .env_clear()
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn plexus-shim");
-    // The shim reads all of stdin before anything else; a write error
-    // here would show up as a wrong answer below.
-    let _ = child.stdin.take().unwrap().write_all(stdin);
-    child
-}
-
-/// Waits (bounded) for a spawned shim and collects its output.
-fn finish(mut child: Child) -> Run {
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().map(BufReader::new);
-    let stdout = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(e) = err.as_mut() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > T {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("plexus-shim did not exit within {T:?}");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    Run {
-        code: status.code(),
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
-    }
-}
-
 fn shim(env: &[(&str, &str)], stdin: &[u8]) -> Run {
-    finish(spawn(env, stdin))
+    support::shim::run(env.iter().copied(), stdin)
+}
+
+fn spawn(env: &[(&str, &str)], stdin: &[u8]) -> Child {
+    support::shim::spawn(env.iter().copied(), stdin)
 }
 
 /// The runtime's environment for `command`, plus variables that must not

@@ -8,16 +8,14 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::{json, Value};
 use support::daemon::TestDir;
+use support::shim::{Run, T};
 
-const SHIM: &str = env!("CARGO_BIN_EXE_plexus-shim");
-const T: Duration = Duration::from_secs(30);
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/multus-wire/");
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -27,69 +25,8 @@ fn fixture(name: &str) -> Vec<u8> {
 // ---------------------------------------------------------------------------
 // Running the shim
 
-#[derive(Debug)]
-struct Run {
-    code: Option<i32>,
-    stdout: Vec<u8>,
-    stderr: String,
-}
-
-impl Run {
-    fn stdout_str(&self) -> &str {
-        std::str::from_utf8(&self.stdout).unwrap()
-    }
-
-    /// Asserts a failed call with CNI error `code`; returns the error.
-    fn error(&self, code: u32) -> Value {
-        assert_eq!(self.code, Some(1), "{self:?}");
-        let v: Value = serde_json::from_slice(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"));
-        assert_eq!(v["code"], code, "{self:?}");
-        assert!(!v["msg"].as_str().unwrap_or("").is_empty(), "{self:?}");
-        v
-    }
-}
-
-/// Runs the shim with exactly `env` and `stdin`, bounded by [`T`].
 fn shim(env: &BTreeMap<String, String>, stdin: &[u8]) -> Run {
-    let mut child = Command::new(SHIM)
-        .env_clear()
-        .envs(env)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn plexus-shim");
-    let _ = child.stdin.take().unwrap().write_all(stdin);
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let stdout = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = out.read_to_end(&mut b);
-        b
-    });
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > T {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("plexus-shim did not exit within {T:?}");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    Run {
-        code: status.code(),
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
-    }
+    support::shim::run(env, stdin)
 }
 
 fn cni_env(command: &str) -> BTreeMap<String, String> {
@@ -275,7 +212,7 @@ fn replayed_multus_add_should_print_what_multus_shim_printed() {
     let run = shim(&env, &stdin);
     assert_eq!(run.code, Some(0), "{run:?}");
     assert_eq!(
-        run.stdout_str(),
+        run.stdout.as_str(),
         std::str::from_utf8(&fixture("shim-ADD-stdout.txt")).unwrap(),
         "byte for byte what multus-shim printed"
     );
@@ -290,7 +227,7 @@ fn replayed_multus_del_should_print_nothing_and_exit_zero() {
     let (env, _) = captured("04-DEL-cni-request.txt");
     let run = shim(&env, &stdin);
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert_eq!(run.stdout, fixture("shim-DEL-stdout.txt"));
+    assert_eq!(run.stdout.as_bytes(), fixture("shim-DEL-stdout.txt"));
     assert!(run.stdout.is_empty());
     assert_like_capture(&server.request(), "04-DEL-cni-request.txt", &stdin);
 }
@@ -315,7 +252,8 @@ fn replayed_multus_text_error_should_give_a_clear_error_and_fail() {
         serde_json::from_slice(&fixture("shim-ADD-error-no-podname-stdout.txt")).unwrap();
     assert_eq!(err["code"], multus["code"]);
     assert!(
-        run.stdout_str()
+        run.stdout
+            .as_str()
             .starts_with("{\n    \"code\": 999,\n    \"msg\": "),
         "pretty-printed like multus-shim: {run:?}"
     );
@@ -397,7 +335,7 @@ fn daemon_closing_without_reading_should_not_exit_zero() {
     let run = shim(&cni_env("DEL"), &conf(&sock, json!({})));
     server.join().unwrap();
     assert_eq!(run.code, Some(1), "{run:?}");
-    let v: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let v: Value = serde_json::from_str(&run.stdout).unwrap();
     assert!(
         v["code"] == 101 || v["code"] == 11,
         "reset before or after the request was sent: {run:?}"
@@ -471,7 +409,7 @@ fn answer_without_content_length_should_be_read_until_close() {
     );
     assert_eq!(run.code, Some(0), "{run:?}");
     assert_eq!(
-        run.stdout_str(),
+        run.stdout.as_str(),
         "{\n    \"cniVersion\": \"0.4.0\",\n    \"ips\": [\n        {\n            \"version\": \"4\",\n            \"address\": \"10.1.2.3/24\"\n        }\n    ],\n    \"dns\": {}\n}"
     );
     server.request();

@@ -5,4 +5,5 @@
 pub mod daemon;
 pub mod http;
 pub mod inproc;
+pub mod shim;
 pub mod systemd;

@@ -137,16 +137,17 @@ pub async fn run<H: Handler>(
     )) {
         warn!(cause = %e, "cannot notify the service manager of stopping");
     }
-    let mut owned = owned;
-    if let Some(owned) = owned.as_mut() {
-        match owned.release() {
-            Ok(true) => info!(path = %owned.path().display(), "socket path removed"),
-            Ok(false) => {
-                info!(path = %owned.path().display(), "socket path belongs to a successor; left alone")
-            }
-            Err(e) => {
-                warn!(path = %owned.path().display(), cause = %e, "cannot remove the socket path")
-            }
+    if let Some(mut owned) = owned {
+        // flock + stat + unlink: off the async workers.
+        let path = owned.path().display().to_string();
+        let released = tokio::task::spawn_blocking(move || owned.release())
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r);
+        match released {
+            Ok(true) => info!(path, "socket path removed"),
+            Ok(false) => info!(path, "socket path belongs to a successor; left alone"),
+            Err(e) => warn!(path, cause = %e, "cannot remove the socket path"),
         }
     }
     stop_serving.cancel();

@@ -110,7 +110,10 @@ fn read_request(stream: &mut UnixStream) -> Vec<u8> {
                 return buf;
             }
         }
-        let n = stream.read(&mut chunk).unwrap();
+        let n = match stream.read(&mut chunk) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => r.unwrap(),
+        };
         if n == 0 {
             return buf;
         }

@@ -177,7 +177,8 @@ impl Daemon {
                 }
                 Err(e)
                     if e.kind() == io::ErrorKind::WouldBlock
-                        || e.kind() == io::ErrorKind::TimedOut => {}
+                        || e.kind() == io::ErrorKind::TimedOut
+                        || e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => panic!("notify recv: {e}"),
             }
         }
@@ -187,9 +188,14 @@ impl Daemon {
     pub fn notifications(&mut self) -> Vec<String> {
         self.notify.set_nonblocking(true).unwrap();
         let mut buf = vec![0u8; 4096];
-        while let Ok(n) = self.notify.recv(&mut buf) {
-            self.seen
-                .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        loop {
+            match self.notify.recv(&mut buf) {
+                Ok(n) => self
+                    .seen
+                    .push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
         }
         self.notify.set_nonblocking(false).unwrap();
         self.seen.clone()

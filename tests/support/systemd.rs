@@ -1038,6 +1038,7 @@ impl Console {
                 let mut buf = [0u8; 16384];
                 loop {
                     match master.read(&mut buf) {
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         Ok(0) | Err(_) => break,
                         Ok(n) => {
                             let text: Vec<u8> =

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::{activation, api, daemon, duration, limit, logging, server};
+use crate::{activation, api, cni, daemon, duration, limit, logging, server};
 
 /// Where the daemon looks for its configuration by default.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/plexus/daemon-config.json";
@@ -130,6 +130,7 @@ pub struct Config {
     pub server: server::Config,
     pub logging: logging::Config,
     pub daemon: daemon::Config,
+    pub cni: cni::Config,
     /// Keys that are neither Plexus nor multus keys (probably typos).
     pub unknown_keys: Vec<String>,
     /// The file's top-level object, kept for the per-request overlay.
@@ -200,12 +201,22 @@ impl Config {
         let log_file = f.path("logFile");
         let log_to_stderr = f.bool("logToStderr").unwrap_or(log_file.is_none());
         let metrics_port = f.port("metricsPort");
-        // Keys the engine will use: check their types now so a broken file
-        // fails at start-up rather than on the first request.
-        for key in ["binDir", "confDir", "cniDir", "stateDir", "clusterNetwork"] {
-            f.string(key);
-        }
-        f.duration("pluginTimeout");
+        let bin_dirs = f
+            .search_path("binDir")
+            .unwrap_or_else(|| cni::DEFAULT_BIN_DIRS.iter().map(PathBuf::from).collect());
+        let conf_dir = f
+            .path("confDir")
+            .unwrap_or_else(|| PathBuf::from(cni::DEFAULT_CONF_DIR));
+        let state_dir = f
+            .path("stateDir")
+            .unwrap_or_else(|| PathBuf::from(cni::DEFAULT_STATE_DIR));
+        let plugin_timeout = f
+            .nonzero_duration("pluginTimeout")
+            .unwrap_or(cni::DEFAULT_PLUGIN_TIMEOUT);
+        let cluster_network = f.string("clusterNetwork").filter(|s| !s.is_empty());
+        // multus's cache directory: only its type is checked (Plexus keeps
+        // its own records in stateDir).
+        f.string("cniDir");
 
         let unknown_keys = raw
             .keys()
@@ -238,6 +249,13 @@ impl Config {
                 shutdown_timeout,
                 idle_timeout,
                 metrics_port,
+            },
+            cni: cni::Config {
+                bin_dirs,
+                conf_dir,
+                state_dir,
+                plugin_timeout,
+                cluster_network,
             },
             unknown_keys,
             raw,
@@ -284,6 +302,26 @@ impl Fields<'_> {
             return None;
         }
         Some(PathBuf::from(s))
+    }
+
+    /// A ':'-separated list of absolute directories.
+    fn search_path(&mut self, key: &str) -> Option<Vec<PathBuf>> {
+        let s = self.string(key)?;
+        let dirs: Vec<PathBuf> = s
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .collect();
+        if dirs.is_empty() {
+            self.problem(key, "must name at least one directory");
+            return None;
+        }
+        if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
+            let why = format!("{} is not an absolute path", d.display());
+            self.problem(key, why);
+            return None;
+        }
+        Some(dirs)
     }
 
     fn bool(&mut self, key: &str) -> Option<bool> {

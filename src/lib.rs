@@ -27,6 +27,7 @@
 
 pub mod activation;
 pub mod api;
+pub mod cni;
 pub mod config;
 pub mod daemon;
 pub mod duration;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use plexus::{activation, config, daemon, logging, notify};
+use plexus::{activation, cni, config, daemon, logging, notify};
 use tracing::{error, warn};
 
 /// EX_CONFIG: the configuration is wrong; systemd does not restart on it.
@@ -80,7 +80,24 @@ fn main() -> ExitCode {
         }
     };
     let env = daemon::Environment { notifier, watchdog };
-    match runtime.block_on(daemon::run(config, listeners, env, daemon::Unconfigured)) {
+    let outcome = match config.cni.cluster_network.clone() {
+        Some(cluster) => {
+            let engine = match cni::Engine::new(config.cni.clone()) {
+                Ok(e) => std::sync::Arc::new(e),
+                Err(e) => {
+                    error!("{e}");
+                    return ExitCode::from(EXIT_OS);
+                }
+            };
+            let handler = daemon::Networks::new(engine, cluster);
+            runtime.block_on(daemon::run(config, listeners, env, handler))
+        }
+        None => {
+            warn!("clusterNetwork is not set: CNI calls will fail until it is");
+            runtime.block_on(daemon::run(config, listeners, env, daemon::Unconfigured))
+        }
+    };
+    match outcome {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");

@@ -65,6 +65,12 @@ impl Failure {
             error: api::CniError::new(code, msg),
         }
     }
+
+    /// Adds the CNI error's `details`.
+    pub fn with_details(mut self, details: impl Into<String>) -> Self {
+        self.error.details = details.into();
+        self
+    }
 }
 
 /// The CNI work behind `POST /cni` and `POST /delegate`.

@@ -8,6 +8,10 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+mod handler;
+
+pub use handler::Networks;
+
 use crate::activation::{Listeners, OwnedPath};
 use crate::api::{self, code};
 use crate::limit::{Admission, ConnectionLimit};

@@ -1,0 +1,738 @@
+//! CNI spec types: network configuration lists, the call a runtime makes,
+//! and their validation.
+//!
+//! Everything here is pure except [`load_network`], which reads files (call
+//! it off the async runtime).
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::result;
+
+/// CNI error codes used by the engine (CNI spec, "Error").
+pub mod code {
+    pub const INCOMPATIBLE_VERSION: u32 = 1;
+    pub const UNKNOWN_CONTAINER: u32 = 3;
+    pub const INVALID_ENVIRONMENT: u32 = 4;
+    pub const IO_FAILURE: u32 = 5;
+    pub const DECODING_FAILURE: u32 = 6;
+    pub const INVALID_NETWORK_CONFIG: u32 = 7;
+    /// What libcni's skel reports for a plain (uncoded) failure.
+    pub const INTERNAL: u32 = 999;
+}
+
+/// The operations the engine runs (VERSION is answered by the shim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+    Status,
+    Gc,
+}
+
+impl Command {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "ADD" => Self::Add,
+            "DEL" => Self::Del,
+            "CHECK" => Self::Check,
+            "STATUS" => Self::Status,
+            "GC" => Self::Gc,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Add => "ADD",
+            Self::Del => "DEL",
+            Self::Check => "CHECK",
+            Self::Status => "STATUS",
+            Self::Gc => "GC",
+        }
+    }
+
+    /// Whether the call names one attachment (container id and ifname).
+    pub fn has_attachment(self) -> bool {
+        matches!(self, Self::Add | Self::Del | Self::Check)
+    }
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A validation failure: CNI code plus message (and optional details).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub code: u32,
+    pub msg: String,
+    pub details: String,
+}
+
+impl Invalid {
+    fn env(msg: impl Into<String>) -> Self {
+        Self {
+            code: code::INVALID_ENVIRONMENT,
+            msg: msg.into(),
+            details: String::new(),
+        }
+    }
+
+    fn details(mut self, d: impl Into<String>) -> Self {
+        self.details = d.into();
+        self
+    }
+}
+
+/// One CNI call as the runtime made it, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    pub command: Command,
+    pub container_id: String,
+    pub netns: String,
+    pub ifname: String,
+    /// `CNI_ARGS` exactly as received (after validation).
+    pub args: String,
+    /// `CNI_ARGS` split into pairs, in order.
+    pub arg_pairs: Vec<(String, String)>,
+}
+
+impl Invocation {
+    /// Validates the CNI environment of one call per the spec and libcni's
+    /// rules. ADD and CHECK need all of id, netns and ifname; DEL needs id
+    /// and ifname (a missing netns is normal there); STATUS and GC need
+    /// none of them.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Self, Invalid> {
+        let raw = get("CNI_COMMAND").unwrap_or_default();
+        if raw.is_empty() {
+            return Err(Invalid::env("required env variable CNI_COMMAND is missing"));
+        }
+        let command = Command::parse(&raw)
+            .ok_or_else(|| Invalid::env(format!("unknown CNI_COMMAND: {raw}")))?;
+        let container_id = get("CNI_CONTAINERID").unwrap_or_default();
+        let netns = get("CNI_NETNS").unwrap_or_default();
+        let ifname = get("CNI_IFNAME").unwrap_or_default();
+        let args = get("CNI_ARGS").unwrap_or_default();
+        let arg_pairs = parse_args(&args)?;
+        if command.has_attachment() {
+            let mut missing = Vec::new();
+            if container_id.is_empty() {
+                missing.push("CNI_CONTAINERID");
+            }
+            if ifname.is_empty() {
+                missing.push("CNI_IFNAME");
+            }
+            if netns.is_empty() && command != Command::Del {
+                missing.push("CNI_NETNS");
+            }
+            if !missing.is_empty() {
+                return Err(Invalid::env(format!(
+                    "required env variables [{}] missing",
+                    missing.join(" ")
+                )));
+            }
+            validate_container_id(&container_id)?;
+            validate_ifname(&ifname)?;
+            if !netns.is_empty() && !netns.starts_with('/') {
+                return Err(Invalid::env(format!(
+                    "CNI_NETNS must be an absolute path, got {netns:?}"
+                )));
+            }
+        }
+        Ok(Self {
+            command,
+            container_id,
+            netns,
+            ifname,
+            args,
+            arg_pairs,
+        })
+    }
+}
+
+/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`, the spec's rule for container ids and
+/// network names. It also keeps ids safe as file names.
+pub fn is_valid_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    match bytes.next() {
+        Some(b) if b.is_ascii_alphanumeric() => {}
+        _ => return false,
+    }
+    bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+pub fn validate_container_id(id: &str) -> Result<(), Invalid> {
+    if id.is_empty() {
+        return Err(Invalid::env(
+            "required env variables [CNI_CONTAINERID] missing",
+        ));
+    }
+    if !is_valid_name(id) {
+        return Err(Invalid::env("invalid characters in containerID").details(id.to_string()));
+    }
+    Ok(())
+}
+
+/// Interface names: non-empty, at most 15 bytes, not `.`/`..`, no `/`, `:`
+/// or whitespace (the kernel's and libcni's rules).
+pub fn validate_ifname(name: &str) -> Result<(), Invalid> {
+    if name.is_empty() {
+        return Err(Invalid::env("interface name is empty"));
+    }
+    if name.len() > 15 {
+        return Err(Invalid::env("interface name is too long").details(format!(
+            "interface name should be less than 16 characters: {name:?}"
+        )));
+    }
+    if name == "." || name == ".." {
+        return Err(Invalid::env("interface name is . or .."));
+    }
+    if name
+        .chars()
+        .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    {
+        return Err(
+            Invalid::env("interface name contains / or : or whitespace characters")
+                .details(format!("{name:?}")),
+        );
+    }
+    Ok(())
+}
+
+/// Splits `CNI_ARGS` (`K=V;K2=V2`). Every pair must have exactly one `=`
+/// and a non-empty key; empty segments (a trailing `;`) are skipped.
+pub fn parse_args(args: &str) -> Result<Vec<(String, String)>, Invalid> {
+    let mut pairs = Vec::new();
+    for item in args.split(';') {
+        if item.is_empty() {
+            continue;
+        }
+        let mut parts = item.split('=');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(k), Some(v), None) if !k.trim().is_empty() => {
+                pairs.push((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => {
+                return Err(Invalid::env(format!(
+                    "CNI_ARGS: invalid pair {item:?}: expected KEY=VALUE"
+                )))
+            }
+        }
+    }
+    Ok(pairs)
+}
+
+/// Why a network configuration could not be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: {why}")]
+    File { file: PathBuf, why: String },
+    #[error("{file}: key {key:?}: {why}")]
+    Field {
+        file: PathBuf,
+        key: String,
+        why: String,
+    },
+    #[error("network {name:?} not found in {dir}{}", skipped_note(.skipped))]
+    NotFound {
+        name: String,
+        dir: PathBuf,
+        skipped: Vec<String>,
+    },
+}
+
+fn skipped_note(skipped: &[String]) -> String {
+    if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(" (unreadable files there: {})", skipped.join("; "))
+    }
+}
+
+/// A network configuration list, as loaded from a `.conflist`, or from a
+/// single-plugin `.conf`/`.json` turned into a one-plugin list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetworkList {
+    pub name: String,
+    pub cni_version: String,
+    /// `cniVersions` (CNI 1.1.0): further versions the list supports.
+    pub cni_versions: Vec<String>,
+    pub disable_check: bool,
+    pub disable_gc: bool,
+    /// Plugin objects, raw: unknown keys pass through unchanged.
+    pub plugins: Vec<Map<String, Value>>,
+}
+
+impl NetworkList {
+    /// Parses the text of a configuration file. `single` selects the
+    /// single-plugin form (`.conf`/`.json`); a single-plugin file that
+    /// holds a `plugins` list is read as a list anyway.
+    pub fn parse(file: &Path, text: &[u8], single: bool) -> Result<Self, ConfigError> {
+        let value: Value = serde_json::from_slice(text).map_err(|e| ConfigError::File {
+            file: file.to_path_buf(),
+            why: format!("not valid JSON: {e}"),
+        })?;
+        Self::from_value(file, value, single)
+    }
+
+    /// Builds a list from a parsed document (see [`NetworkList::parse`]).
+    pub fn from_value(file: &Path, value: Value, single: bool) -> Result<Self, ConfigError> {
+        let field = |key: &str, why: String| ConfigError::Field {
+            file: file.to_path_buf(),
+            key: key.to_string(),
+            why,
+        };
+        let Value::Object(obj) = value else {
+            return Err(ConfigError::File {
+                file: file.to_path_buf(),
+                why: "the top level must be a JSON object".into(),
+            });
+        };
+        let name = match obj.get("name") {
+            Some(Value::String(s)) if is_valid_name(s) => s.clone(),
+            Some(Value::String(s)) if s.is_empty() => {
+                return Err(field("name", "missing network name".into()))
+            }
+            Some(Value::String(s)) => {
+                return Err(field(
+                    "name",
+                    format!("invalid characters found in network name {s:?}"),
+                ))
+            }
+            None | Some(Value::Null) => return Err(field("name", "missing network name".into())),
+            Some(other) => return Err(field("name", format!("must be a string, found {other}"))),
+        };
+        let cni_version = match obj.get("cniVersion") {
+            Some(Value::String(s)) if result::compare(s, s).is_some() => s.clone(),
+            Some(Value::String(s)) => {
+                return Err(field("cniVersion", format!("not a version: {s:?}")))
+            }
+            None | Some(Value::Null) => {
+                return Err(field("cniVersion", "missing; set e.g. \"1.0.0\"".into()))
+            }
+            Some(other) => {
+                return Err(field(
+                    "cniVersion",
+                    format!("must be a string, found {other}"),
+                ))
+            }
+        };
+        let mut cni_versions = Vec::new();
+        match obj.get("cniVersions") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(items)) => {
+                for v in items {
+                    match v {
+                        Value::String(s) if result::compare(s, s).is_some() => {
+                            cni_versions.push(s.clone())
+                        }
+                        other => {
+                            return Err(field("cniVersions", format!("not a version: {other}")))
+                        }
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(field(
+                    "cniVersions",
+                    format!("must be a list of version strings, found {other}"),
+                ))
+            }
+        }
+        let flag = |key: &str| -> Result<bool, ConfigError> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(false),
+                Some(Value::Bool(b)) => Ok(*b),
+                Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
+                Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
+                Some(other) => Err(field(key, format!("must be true or false, found {other}"))),
+            }
+        };
+        let disable_check = flag("disableCheck")?;
+        let disable_gc = flag("disableGC")?;
+        let plugins = if single && !obj.contains_key("plugins") {
+            vec![obj.clone()]
+        } else {
+            match obj.get("plugins") {
+                Some(Value::Array(items)) if !items.is_empty() => {
+                    let mut out = Vec::with_capacity(items.len());
+                    for (i, p) in items.iter().enumerate() {
+                        match p {
+                            Value::Object(m) => out.push(m.clone()),
+                            other => {
+                                return Err(field(
+                                    &format!("plugins[{i}]"),
+                                    format!("must be an object, found {other}"),
+                                ))
+                            }
+                        }
+                    }
+                    out
+                }
+                Some(Value::Array(_)) => {
+                    return Err(field("plugins", "must list at least one plugin".into()))
+                }
+                None | Some(Value::Null) => {
+                    return Err(field(
+                        "plugins",
+                        "missing: a .conflist needs a plugins list".into(),
+                    ))
+                }
+                Some(other) => {
+                    return Err(field("plugins", format!("must be a list, found {other}")))
+                }
+            }
+        };
+        for (i, p) in plugins.iter().enumerate() {
+            let key = if single && !obj.contains_key("plugins") {
+                "type".to_string()
+            } else {
+                format!("plugins[{i}].type")
+            };
+            match p.get("type") {
+                Some(Value::String(t))
+                    if !t.is_empty() && !t.contains('/') && t != "." && t != ".." => {}
+                Some(Value::String(t)) if t.is_empty() => {
+                    return Err(field(&key, "must not be empty".into()))
+                }
+                Some(Value::String(t)) => {
+                    return Err(field(
+                        &key,
+                        format!("must be a plugin name, not a path: {t:?}"),
+                    ))
+                }
+                None | Some(Value::Null) => return Err(field(&key, "missing plugin type".into())),
+                Some(other) => return Err(field(&key, format!("must be a string, found {other}"))),
+            }
+        }
+        Ok(Self {
+            name,
+            cni_version,
+            cni_versions,
+            disable_check,
+            disable_gc,
+            plugins,
+        })
+    }
+
+    /// The list in conflist form, as recorded for DEL.
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("cniVersion".into(), Value::String(self.cni_version.clone()));
+        if !self.cni_versions.is_empty() {
+            m.insert(
+                "cniVersions".into(),
+                Value::Array(
+                    self.cni_versions
+                        .iter()
+                        .cloned()
+                        .map(Value::String)
+                        .collect(),
+                ),
+            );
+        }
+        m.insert("name".into(), Value::String(self.name.clone()));
+        if self.disable_check {
+            m.insert("disableCheck".into(), Value::Bool(true));
+        }
+        if self.disable_gc {
+            m.insert("disableGC".into(), Value::Bool(true));
+        }
+        m.insert(
+            "plugins".into(),
+            Value::Array(self.plugins.iter().cloned().map(Value::Object).collect()),
+        );
+        Value::Object(m)
+    }
+
+    /// The plugin type of plugin `i`.
+    pub fn plugin_type(&self, i: usize) -> &str {
+        self.plugins
+            .get(i)
+            .and_then(|p| p.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    }
+
+    /// The versions the list may be run at, newest first: `cniVersion` plus
+    /// `cniVersions`, limited to what the engine can convert.
+    pub fn candidate_versions(&self) -> Vec<String> {
+        let mut all: Vec<String> = std::iter::once(self.cni_version.clone())
+            .chain(self.cni_versions.iter().cloned())
+            .filter(|v| result::is_supported(v))
+            .collect();
+        all.sort_by(|a, b| result::compare(b, a).unwrap_or(Ordering::Equal));
+        all.dedup();
+        all
+    }
+
+    /// The version libcni would pick: the newest candidate.
+    pub fn version(&self) -> Option<String> {
+        self.candidate_versions().into_iter().next()
+    }
+}
+
+/// Picks the version to run one plugin at: the newest version both the
+/// list and the plugin support; failing that, the newest version the plugin
+/// supports that is not newer than the list's newest (so a 1.1.0 list runs
+/// plugins that stop at 1.0.0). `None` when nothing fits.
+pub fn negotiate(candidates: &[String], plugin_supports: &[String]) -> Option<String> {
+    let newest = candidates.first()?;
+    if let Some(v) = candidates.iter().find(|v| plugin_supports.contains(v)) {
+        return Some(v.clone());
+    }
+    plugin_supports
+        .iter()
+        .filter(|v| result::is_supported(v))
+        .filter(|v| result::compare(v, newest) != Some(Ordering::Greater))
+        .max_by(|a, b| result::compare(a, b).unwrap_or(Ordering::Equal))
+        .cloned()
+}
+
+/// Whether `v` is at least `min` (malformed versions are not).
+pub fn at_least(v: &str, min: &str) -> bool {
+    matches!(
+        result::compare(v, min),
+        Some(Ordering::Greater | Ordering::Equal)
+    )
+}
+
+const EXTENSIONS: &[&str] = &["conf", "conflist", "json"];
+
+fn is_single(path: &Path) -> bool {
+    path.extension().and_then(|e| e.to_str()) != Some("conflist")
+}
+
+fn config_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| ConfigError::File {
+        file: dir.to_path_buf(),
+        why: format!("cannot read the directory: {e}"),
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| EXTENSIONS.contains(&e))
+                && p.is_file()
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn load_file(path: &Path) -> Result<NetworkList, ConfigError> {
+    let text = std::fs::read(path).map_err(|e| ConfigError::File {
+        file: path.to_path_buf(),
+        why: format!("cannot read the file: {e}"),
+    })?;
+    NetworkList::parse(path, &text, is_single(path))
+}
+
+/// Loads a network by name from `conf_dir` (the first file, in name order,
+/// whose `name` matches), or from a path when `network` contains a `/`
+/// (a file, or a directory whose first config file is used). Blocking.
+pub fn load_network(conf_dir: &Path, network: &str) -> Result<NetworkList, ConfigError> {
+    if network.contains('/') {
+        let path = Path::new(network);
+        if path.is_dir() {
+            let first =
+                config_files(path)?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| ConfigError::File {
+                        file: path.to_path_buf(),
+                        why: "the directory holds no .conf, .conflist or .json file".into(),
+                    })?;
+            return load_file(&first);
+        }
+        return load_file(path);
+    }
+    let mut skipped = Vec::new();
+    for file in config_files(conf_dir)? {
+        match load_file(&file) {
+            Ok(list) if list.name == network => return Ok(list),
+            Ok(_) => {}
+            Err(e) => skipped.push(e.to_string()),
+        }
+    }
+    Err(ConfigError::NotFound {
+        name: network.to_string(),
+        dir: conf_dir.to_path_buf(),
+        skipped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    const ADD: &[(&str, &str)] = &[
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "a.b-c_d"),
+        ("CNI_NETNS", "/run/netns/x"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=p"),
+    ];
+
+    #[test]
+    fn valid_add_should_parse() {
+        let inv = Invocation::from_env(env(ADD)).unwrap();
+        assert_eq!(inv.command, Command::Add);
+        assert_eq!(inv.arg_pairs.len(), 2);
+    }
+
+    #[test]
+    fn bad_container_ids_should_be_rejected_with_code_4() {
+        for id in ["_abc", "a/b", "abc def", "..", ""] {
+            let mut e: Vec<_> = ADD.to_vec();
+            e[1] = ("CNI_CONTAINERID", id);
+            let err = Invocation::from_env(env(&e)).unwrap_err();
+            assert_eq!(err.code, 4, "{id:?}");
+        }
+    }
+
+    #[test]
+    fn bad_ifnames_should_be_rejected_and_15_bytes_accepted() {
+        for name in ["abcdefghijklmnop", "a/b", "a:b", "a b", ".", ".."] {
+            assert_eq!(validate_ifname(name).unwrap_err().code, 4, "{name:?}");
+        }
+        validate_ifname("abcdefghijklmno").unwrap();
+    }
+
+    #[test]
+    fn cni_args_should_need_exactly_one_equals() {
+        assert!(parse_args("FOO").is_err());
+        assert!(parse_args("A=b=c").is_err());
+        assert!(parse_args("=x").is_err());
+        assert_eq!(parse_args("").unwrap(), vec![]);
+        assert_eq!(parse_args("A=1;").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn del_should_accept_an_empty_netns_but_add_should_not() {
+        let mut e: Vec<_> = ADD.to_vec();
+        e[2] = ("CNI_NETNS", "");
+        assert_eq!(Invocation::from_env(env(&e)).unwrap_err().code, 4);
+        e[0] = ("CNI_COMMAND", "DEL");
+        Invocation::from_env(env(&e)).unwrap();
+    }
+
+    #[test]
+    fn status_and_gc_should_need_no_attachment() {
+        Invocation::from_env(env(&[("CNI_COMMAND", "GC")])).unwrap();
+        assert_eq!(
+            Invocation::from_env(env(&[("CNI_COMMAND", "add")]))
+                .unwrap_err()
+                .code,
+            4
+        );
+    }
+
+    #[test]
+    fn single_plugin_conf_should_become_a_one_plugin_list() {
+        let l = NetworkList::from_value(
+            Path::new("x.conf"),
+            json!({"cniVersion":"0.4.0","name":"n","type":"bridge","bridge":"b"}),
+            true,
+        )
+        .unwrap();
+        assert_eq!(l.plugins.len(), 1);
+        assert_eq!(l.plugin_type(0), "bridge");
+    }
+
+    #[test]
+    fn invalid_lists_should_name_the_field() {
+        let cases = [
+            (
+                json!({"cniVersion":"1.0.0","plugins":[{"type":"x"}]}),
+                "name",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","plugins":[]}),
+                "plugins",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"../x"}]}),
+                "plugins[0].type",
+            ),
+            (
+                json!({"cniVersion":"one","name":"n","plugins":[{"type":"x"}]}),
+                "cniVersion",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"_n","plugins":[{"type":"x"}]}),
+                "name",
+            ),
+        ];
+        for (v, key) in cases {
+            match NetworkList::from_value(Path::new("f.conflist"), v, false) {
+                Err(ConfigError::Field { key: k, file, .. }) => {
+                    assert_eq!(k, key);
+                    assert_eq!(file, Path::new("f.conflist"));
+                }
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn negotiation_should_step_a_1_1_list_down_to_1_0() {
+        let list = NetworkList::from_value(
+            Path::new("x"),
+            json!({"cniVersion":"1.1.0","name":"n","plugins":[{"type":"x"}]}),
+            false,
+        )
+        .unwrap();
+        let debian: Vec<String> = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            negotiate(&list.candidate_versions(), &debian).as_deref(),
+            Some("1.0.0")
+        );
+        let both = vec!["1.1.0".to_string(), "0.4.0".to_string()];
+        assert_eq!(negotiate(&both, &debian).as_deref(), Some("0.4.0"));
+        let old = vec!["0.1.0".to_string()];
+        assert_eq!(negotiate(&both, &old), None);
+    }
+
+    #[test]
+    fn load_network_should_find_by_name_and_report_unreadable_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("10-a.conflist"), b"{broken").unwrap();
+        std::fs::write(
+            dir.path().join("20-b.conf"),
+            br#"{"cniVersion":"1.0.0","name":"b","type":"loopback"}"#,
+        )
+        .unwrap();
+        assert_eq!(load_network(dir.path(), "b").unwrap().name, "b");
+        let err = load_network(dir.path(), "c").unwrap_err().to_string();
+        assert!(err.contains("10-a.conflist"), "{err}");
+        let path = dir.path().join("20-b.conf");
+        assert_eq!(
+            load_network(dir.path(), path.to_str().unwrap())
+                .unwrap()
+                .name,
+            "b"
+        );
+    }
+}

@@ -1,0 +1,191 @@
+//! The request handler that joins the server to the CNI engine: turns a
+//! wire request into a validated invocation, picks the networks, runs the
+//! engine and converts the answer for the caller.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use tracing::Instrument;
+
+use crate::api::{self, code};
+use crate::cni::types::{Command, Invocation};
+use crate::cni::{self, Engine, ErrorKind, Planned};
+use crate::result;
+use crate::server::{Failure, FailureKind, Handler, Reply};
+
+/// Serves `/cni` with the engine and the static network configuration.
+#[derive(Debug, Clone)]
+pub struct Networks {
+    engine: Arc<Engine>,
+    cluster: String,
+}
+
+impl Networks {
+    pub fn new(engine: Arc<Engine>, cluster: String) -> Self {
+        Self { engine, cluster }
+    }
+}
+
+impl Handler for Networks {
+    async fn cni(&self, request: api::Request) -> Result<Reply, Failure> {
+        let this = self.clone();
+        // The work runs in its own task: a client that goes away must not
+        // cut an ADD or DEL short half-way through its plugins.
+        let task = tokio::spawn(
+            async move { this.serve(request).await }.instrument(tracing::Span::current()),
+        );
+        match task.await {
+            Ok(r) => r,
+            Err(e) => Err(Failure::new(
+                FailureKind::Internal,
+                code::INTERNAL,
+                format!("the request task failed: {e}"),
+            )),
+        }
+    }
+
+    async fn delegate(&self, _request: api::Request) -> Result<Reply, Failure> {
+        Err(Failure::new(
+            FailureKind::InvalidRequest,
+            code::INVALID_ENVIRONMENT,
+            "/delegate (interface hot-plug) is not supported",
+        ))
+    }
+}
+
+impl Networks {
+    async fn serve(&self, request: api::Request) -> Result<Reply, Failure> {
+        let inv = Invocation::from_env(|k| request.env.get(k).cloned()).map_err(|i| {
+            Failure::new(FailureKind::InvalidRequest, i.code, i.msg).with_details(i.details)
+        })?;
+        let config = parse_config(&request.config)?;
+        let want = config
+            .get("cniVersion")
+            .and_then(Value::as_str)
+            .filter(|v| result::is_supported(v))
+            .unwrap_or(result::LATEST)
+            .to_string();
+        match inv.command {
+            Command::Add => {
+                let list = self.engine.load(&self.cluster).await.map_err(failure)?;
+                let cap_args = config
+                    .get("runtimeConfig")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                let planned = vec![Planned {
+                    list,
+                    ifname: inv.ifname.clone(),
+                    primary: true,
+                }];
+                let res = self
+                    .engine
+                    .add(&inv, cap_args, planned)
+                    .await
+                    .map_err(failure)?;
+                let out = result::convert(&res, &want)
+                    .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
+                tracing::info!(result = %out, "ADD done");
+                Ok(Reply::Result(out))
+            }
+            Command::Del => {
+                self.engine.del(&inv).await.map_err(failure)?;
+                Ok(Reply::Done)
+            }
+            Command::Check => {
+                self.engine.check(&inv).await.map_err(failure)?;
+                Ok(Reply::Done)
+            }
+            Command::Status => {
+                let list = self.engine.load(&self.cluster).await.map_err(failure)?;
+                self.engine.status(&list).await.map_err(failure)?;
+                Ok(Reply::Done)
+            }
+            Command::Gc => {
+                let valid = valid_attachments(&config)?;
+                let list = self.engine.load(&self.cluster).await.map_err(failure)?;
+                self.engine.gc(&valid, &[list]).await.map_err(failure)?;
+                Ok(Reply::Done)
+            }
+        }
+    }
+}
+
+fn parse_config(bytes: &[u8]) -> Result<Map<String, Value>, Failure> {
+    if bytes.is_empty() {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(Failure::new(
+            FailureKind::InvalidRequest,
+            code::DECODING_FAILURE,
+            "the request's network configuration is not a JSON object",
+        )),
+        Err(e) => Err(Failure::new(
+            FailureKind::InvalidRequest,
+            code::DECODING_FAILURE,
+            format!("the request's network configuration is not valid JSON: {e}"),
+        )),
+    }
+}
+
+/// The runtime's valid attachments for GC: `cni.dev/valid-attachments`
+/// (or the older `cni.dev/attachments`); `null` means none. A GC without
+/// either key is refused, since it would delete every attachment.
+fn valid_attachments(config: &Map<String, Value>) -> Result<BTreeSet<(String, String)>, Failure> {
+    let bad = |why: String| {
+        Failure::new(
+            FailureKind::InvalidRequest,
+            code::INVALID_NETWORK_CONFIG,
+            why,
+        )
+    };
+    let value = match (
+        config.get("cni.dev/valid-attachments"),
+        config.get("cni.dev/attachments"),
+    ) {
+        (Some(v), _) | (None, Some(v)) => v,
+        (None, None) => {
+            return Err(bad(
+                "GC needs cni.dev/valid-attachments in the network configuration".into(),
+            ))
+        }
+    };
+    let mut set = BTreeSet::new();
+    match value {
+        Value::Null => {}
+        Value::Array(items) => {
+            for item in items {
+                let id = item.get("containerID").and_then(Value::as_str);
+                let ifname = item.get("ifname").and_then(Value::as_str);
+                match (id, ifname) {
+                    (Some(id), Some(ifname)) => {
+                        set.insert((id.to_string(), ifname.to_string()));
+                    }
+                    _ => {
+                        return Err(bad(format!(
+                            "cni.dev/valid-attachments: entry {item} needs containerID and ifname"
+                        )))
+                    }
+                }
+            }
+        }
+        other => {
+            return Err(bad(format!(
+                "cni.dev/valid-attachments must be a list, found {other}"
+            )))
+        }
+    }
+    Ok(set)
+}
+
+fn failure(e: cni::Error) -> Failure {
+    let kind = match e.kind {
+        ErrorKind::Invalid => FailureKind::InvalidRequest,
+        ErrorKind::Failed => FailureKind::Failed,
+        ErrorKind::Internal => FailureKind::Internal,
+    };
+    Failure::new(kind, e.code, e.msg).with_details(e.details)
+}

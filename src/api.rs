@@ -16,6 +16,8 @@ pub const PATH_DELEGATE: &str = "/delegate";
 pub const PATH_HEALTHZ: &str = "/healthz";
 pub const PATH_READYZ: &str = "/readyz";
 pub const PATH_METRICS: &str = "/metrics";
+/// `GET /attachments/<containerID>`: what is recorded for one container.
+pub const PATH_ATTACHMENTS: &str = "/attachments/";
 
 /// Largest request body the daemon accepts.
 pub const MAX_BODY_BYTES: usize = 1 << 20;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::{activation, api, cni, daemon, duration, limit, logging, server};
+use crate::{activation, api, cni, daemon, duration, limit, logging, selection, server};
 
 /// Where the daemon looks for its configuration by default.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/plexus/daemon-config.json";
@@ -131,6 +131,8 @@ pub struct Config {
     pub logging: logging::Config,
     pub daemon: daemon::Config,
     pub cni: cni::Config,
+    /// The static networks; `None` when `clusterNetwork` is not set.
+    pub selection: Option<selection::Config>,
     /// Keys that are neither Plexus nor multus keys (probably typos).
     pub unknown_keys: Vec<String>,
     /// The file's top-level object, kept for the per-request overlay.
@@ -213,7 +215,19 @@ impl Config {
         let plugin_timeout = f
             .nonzero_duration("pluginTimeout")
             .unwrap_or(cni::DEFAULT_PLUGIN_TIMEOUT);
-        let cluster_network = f.string("clusterNetwork").filter(|s| !s.is_empty());
+        let cluster_network = f
+            .string("clusterNetwork")
+            .filter(|s| !s.is_empty())
+            .map(|s| f.network_ref(s));
+        let default_networks: Vec<String> = f
+            .string_list("defaultNetworks")
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| f.network_ref(s))
+            .collect();
+        if cluster_network.is_none() && !default_networks.is_empty() {
+            f.problem("defaultNetworks", "needs clusterNetwork to be set as well");
+        }
         // multus's cache directory: only its type is checked (Plexus keeps
         // its own records in stateDir).
         f.string("cniDir");
@@ -255,8 +269,11 @@ impl Config {
                 conf_dir,
                 state_dir,
                 plugin_timeout,
-                cluster_network,
             },
+            selection: cluster_network.map(|cluster_network| selection::Config {
+                cluster_network,
+                default_networks,
+            }),
             unknown_keys,
             raw,
         })
@@ -301,7 +318,52 @@ impl Fields<'_> {
             self.problem(key, "must not be empty");
             return None;
         }
-        Some(PathBuf::from(s))
+        Some(self.resolve(&s))
+    }
+
+    /// Relative paths are taken relative to the configuration file's
+    /// directory, so a config and its network files can travel together.
+    fn resolve(&self, p: &str) -> PathBuf {
+        let path = Path::new(p);
+        if path.is_absolute() {
+            return path.to_path_buf();
+        }
+        match self.file.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.join(path),
+            _ => path.to_path_buf(),
+        }
+    }
+
+    /// A network reference: a name, or (with a '/') a path, resolved like
+    /// other paths.
+    fn network_ref(&self, s: String) -> String {
+        if s.contains('/') {
+            self.resolve(&s).to_string_lossy().into_owned()
+        } else {
+            s
+        }
+    }
+
+    /// A list of non-empty strings.
+    fn string_list(&mut self, key: &str) -> Option<Vec<String>> {
+        let v = self.get(key)?;
+        let Value::Array(items) = v else {
+            let why = format!("must be a list of strings, found {}", kind(v));
+            self.problem(key, why);
+            return None;
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            match item {
+                Value::String(s) if !s.is_empty() => out.push(s.clone()),
+                other => {
+                    let why = format!("item {i} must be a non-empty string, found {}", kind(other));
+                    self.problem(key, why);
+                    return None;
+                }
+            }
+        }
+        Some(out)
     }
 
     /// A ':'-separated list of absolute directories.
@@ -310,15 +372,10 @@ impl Fields<'_> {
         let dirs: Vec<PathBuf> = s
             .split(':')
             .filter(|d| !d.is_empty())
-            .map(PathBuf::from)
+            .map(|d| self.resolve(d))
             .collect();
         if dirs.is_empty() {
             self.problem(key, "must name at least one directory");
-            return None;
-        }
-        if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
-            let why = format!("{} is not an absolute path", d.display());
-            self.problem(key, why);
             return None;
         }
         Some(dirs)
@@ -455,6 +512,37 @@ mod tests {
         assert_eq!(c.logging.level, logging::Level::Info);
         assert!(!c.logging.to_stderr);
         assert!(c.unknown_keys.is_empty());
+    }
+
+    #[test]
+    fn engine_keys_should_parse_and_relative_paths_follow_the_file() {
+        let c = Config::from_json(
+            Path::new("/srv/plexus/daemon-config.json"),
+            br#"{"confDir":"net.d","stateDir":"/var/lib/x","binDir":"/a:bin","pluginTimeout":"5s",
+                "clusterNetwork":"cluster","defaultNetworks":["extra","./more.conflist"]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.cni.conf_dir, PathBuf::from("/srv/plexus/net.d"));
+        assert_eq!(c.cni.state_dir, PathBuf::from("/var/lib/x"));
+        assert_eq!(
+            c.cni.bin_dirs,
+            vec![PathBuf::from("/a"), PathBuf::from("/srv/plexus/bin")]
+        );
+        assert_eq!(c.cni.plugin_timeout, Duration::from_secs(5));
+        let sel = c.selection.unwrap();
+        assert_eq!(sel.cluster_network, "cluster");
+        assert_eq!(
+            sel.default_networks,
+            ["extra", "/srv/plexus/./more.conflist"]
+        );
+        let defaults = parse("{}").unwrap();
+        assert!(defaults.selection.is_none());
+        assert_eq!(
+            defaults.cni.plugin_timeout,
+            crate::cni::DEFAULT_PLUGIN_TIMEOUT
+        );
+        let err = parse(r#"{"defaultNetworks":"x","pluginTimeout":"0s"}"#).unwrap_err();
+        assert_eq!(err.problems.len(), 2, "{err}");
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!   activation  listener from systemd (LISTEN_FDS) or a safe self-bind
 //!   server      accept loop, HTTP, routes, read timeouts, graceful drain
 //!   limit       open-connection cap and CNI admission (limit + FIFO queue)
-//!   cni         plugin chains per the CNI spec (engine)
+//!   selection   which networks a container gets, in which order, ifnames
+//!   cni         plugin chains per the CNI spec (engine), attachment records
 //!   notify      sd_notify READY / STATUS / STOPPING / WATCHDOG
 //!   metrics     Prometheus registry and typed handles
 //!   config      daemon-config.json -> validated per-module configs
@@ -36,5 +37,6 @@ pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod result;
+pub mod selection;
 pub mod server;
 pub mod shim;

@@ -22,6 +22,19 @@ struct Args {
     /// Validate the configuration, report every problem, and exit.
     #[arg(long)]
     check_config: bool,
+    #[command(subcommand)]
+    command: Option<Sub>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Sub {
+    /// Print what is recorded for a container (networks, interfaces,
+    /// addresses) as JSON, read from the state directory; without an id,
+    /// every container.
+    Show {
+        /// The container id (CNI_CONTAINERID).
+        container_id: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -34,6 +47,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let Some(Sub::Show { container_id }) = &args.command {
+        return show(&config, container_id.as_deref());
+    }
     if args.check_config {
         for key in &config.unknown_keys {
             eprintln!(
@@ -80,8 +96,8 @@ fn main() -> ExitCode {
         }
     };
     let env = daemon::Environment { notifier, watchdog };
-    let outcome = match config.cni.cluster_network.clone() {
-        Some(cluster) => {
+    let outcome = match config.selection.clone() {
+        Some(selection) => {
             let engine = match cni::Engine::new(config.cni.clone()) {
                 Ok(e) => std::sync::Arc::new(e),
                 Err(e) => {
@@ -89,7 +105,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_OS);
                 }
             };
-            let handler = daemon::Networks::new(engine, cluster);
+            let handler = daemon::Networks::new(engine, selection);
             runtime.block_on(daemon::run(config, listeners, env, handler))
         }
         None => {
@@ -101,6 +117,64 @@ fn main() -> ExitCode {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `plexusd show`: prints the recorded attachments; exit 1 when there is
+/// nothing recorded for the id asked about.
+fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
+    let store = match cni::record::Store::open(&config.cni.state_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("plexusd: {e}");
+            return ExitCode::from(EXIT_OS);
+        }
+    };
+    let ids = match container_id {
+        Some(id) => vec![id.to_string()],
+        None => match store.list() {
+            Ok(ids) => ids,
+            Err(e) => {
+                eprintln!("plexusd: {e}");
+                return ExitCode::from(EXIT_OS);
+            }
+        },
+    };
+    let mut out = Vec::new();
+    for id in &ids {
+        if !cni::types::is_valid_name(id) {
+            eprintln!("plexusd: {id:?} is not a valid container id");
+            return ExitCode::FAILURE;
+        }
+        match store.load(id) {
+            Ok(Some(r)) => out.push(cni::record::summary(&r)),
+            Ok(None) if container_id.is_some() => {
+                eprintln!(
+                    "plexusd: nothing is recorded for container {id:?} in {}",
+                    store.dir().display()
+                );
+                return ExitCode::FAILURE;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("plexusd: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let value = match (container_id, out.len()) {
+        (Some(_), 1) => out.remove(0),
+        _ => serde_json::Value::Array(out),
+    };
+    match serde_json::to_string_pretty(&value) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("plexusd: {e}");
             ExitCode::FAILURE
         }
     }

@@ -49,9 +49,6 @@ pub struct Config {
     pub conf_dir: PathBuf,
     pub state_dir: PathBuf,
     pub plugin_timeout: Duration,
-    /// The network attached as `CNI_IFNAME` (a name in `conf_dir`, or a
-    /// path); `None` when no network is configured.
-    pub cluster_network: Option<String>,
 }
 
 impl Default for Config {
@@ -61,7 +58,6 @@ impl Default for Config {
             conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             plugin_timeout: DEFAULT_PLUGIN_TIMEOUT,
-            cluster_network: None,
         }
     }
 }
@@ -559,6 +555,16 @@ impl Engine {
             tracing::error!(container_id = %inv.container_id, cause = %e, "cannot update the attachment record after a rollback");
         }
         cause
+    }
+
+    /// What is recorded for `container_id` (see [`record::summary`]);
+    /// `None` when nothing is, or the id is not a valid container id.
+    pub async fn attachments(&self, container_id: &str) -> Result<Option<Value>, Error> {
+        if !types::is_valid_name(container_id) {
+            return Ok(None);
+        }
+        let record = self.load_record(container_id).await?;
+        Ok(record.as_ref().map(record::summary))
     }
 
     /// DEL: removes the attachment named by the call, from its record.

@@ -12,18 +12,22 @@ use crate::api::{self, code};
 use crate::cni::types::{Command, Invocation};
 use crate::cni::{self, Engine, ErrorKind, Planned};
 use crate::result;
+use crate::selection;
 use crate::server::{Failure, FailureKind, Handler, Reply};
 
 /// Serves `/cni` with the engine and the static network configuration.
 #[derive(Debug, Clone)]
 pub struct Networks {
     engine: Arc<Engine>,
-    cluster: String,
+    selection: Arc<selection::Config>,
 }
 
 impl Networks {
-    pub fn new(engine: Arc<Engine>, cluster: String) -> Self {
-        Self { engine, cluster }
+    pub fn new(engine: Arc<Engine>, selection: selection::Config) -> Self {
+        Self {
+            engine,
+            selection: Arc::new(selection),
+        }
     }
 }
 
@@ -52,13 +56,37 @@ impl Handler for Networks {
             "/delegate (interface hot-plug) is not supported",
         ))
     }
+
+    async fn attachments(&self, container_id: String) -> Result<Option<Value>, Failure> {
+        self.engine
+            .attachments(&container_id)
+            .await
+            .map_err(failure)
+    }
 }
 
 impl Networks {
     async fn serve(&self, request: api::Request) -> Result<Reply, Failure> {
-        let inv = Invocation::from_env(|k| request.env.get(k).cloned()).map_err(|i| {
+        let mut inv = Invocation::from_env(|k| request.env.get(k).cloned()).map_err(|i| {
             Failure::new(FailureKind::InvalidRequest, i.code, i.msg).with_details(i.details)
         })?;
+        // PLEXUS_NETWORKS is ours: the plugins never see it (host-local,
+        // for one, rejects unknown CNI_ARGS keys).
+        let (requested, rest) = selection::take_from_args(&inv.arg_pairs).map_err(|e| {
+            Failure::new(
+                FailureKind::InvalidRequest,
+                code::INVALID_ENVIRONMENT,
+                e.to_string(),
+            )
+        })?;
+        if rest.len() != inv.arg_pairs.len() {
+            inv.args = rest
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(";");
+            inv.arg_pairs = rest;
+        }
         let config = parse_config(&request.config)?;
         let want = config
             .get("cniVersion")
@@ -68,17 +96,29 @@ impl Networks {
             .to_string();
         match inv.command {
             Command::Add => {
-                let list = self.engine.load(&self.cluster).await.map_err(failure)?;
+                let selected = selection::select(&self.selection, &inv.ifname, &requested)
+                    .map_err(|e| {
+                        Failure::new(
+                            FailureKind::InvalidRequest,
+                            code::INVALID_NETWORK_CONFIG,
+                            e.to_string(),
+                        )
+                    })?;
+                // Every network is loaded before anything runs.
+                let mut planned = Vec::with_capacity(selected.len());
+                for s in selected {
+                    let list = self.engine.load(&s.network).await.map_err(failure)?;
+                    planned.push(Planned {
+                        list,
+                        ifname: s.ifname,
+                        primary: s.primary,
+                    });
+                }
                 let cap_args = config
                     .get("runtimeConfig")
                     .and_then(Value::as_object)
                     .cloned()
                     .unwrap_or_default();
-                let planned = vec![Planned {
-                    list,
-                    ifname: inv.ifname.clone(),
-                    primary: true,
-                }];
                 let res = self
                     .engine
                     .add(&inv, cap_args, planned)
@@ -86,7 +126,6 @@ impl Networks {
                     .map_err(failure)?;
                 let out = result::convert(&res, &want)
                     .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
-                tracing::info!(result = %out, "ADD done");
                 Ok(Reply::Result(out))
             }
             Command::Del => {
@@ -98,17 +137,27 @@ impl Networks {
                 Ok(Reply::Done)
             }
             Command::Status => {
-                let list = self.engine.load(&self.cluster).await.map_err(failure)?;
+                let list = self.cluster().await?;
                 self.engine.status(&list).await.map_err(failure)?;
                 Ok(Reply::Done)
             }
             Command::Gc => {
                 let valid = valid_attachments(&config)?;
-                let list = self.engine.load(&self.cluster).await.map_err(failure)?;
-                self.engine.gc(&valid, &[list]).await.map_err(failure)?;
+                let mut lists = vec![self.cluster().await?];
+                for net in &self.selection.default_networks {
+                    lists.push(self.engine.load(net).await.map_err(failure)?);
+                }
+                self.engine.gc(&valid, &lists).await.map_err(failure)?;
                 Ok(Reply::Done)
             }
         }
+    }
+
+    async fn cluster(&self) -> Result<cni::types::NetworkList, Failure> {
+        self.engine
+            .load(&self.selection.cluster_network)
+            .await
+            .map_err(failure)
     }
 }
 

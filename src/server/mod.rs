@@ -80,6 +80,13 @@ pub trait Handler: Send + Sync + 'static {
         &self,
         request: api::Request,
     ) -> impl Future<Output = Result<Reply, Failure>> + Send;
+    /// What is recorded for one container, as JSON; `None` when nothing is.
+    fn attachments(
+        &self,
+        _container_id: String,
+    ) -> impl Future<Output = Result<Option<serde_json::Value>, Failure>> + Send {
+        async { Ok(None) }
+    }
 }
 
 /// State shared by every connection.

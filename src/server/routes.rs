@@ -26,6 +26,7 @@ enum Endpoint {
     Healthz,
     Readyz,
     Metrics,
+    Attachments,
     NotFound,
 }
 
@@ -37,6 +38,7 @@ impl Endpoint {
             api::PATH_HEALTHZ => Self::Healthz,
             api::PATH_READYZ => Self::Readyz,
             api::PATH_METRICS => Self::Metrics,
+            p if p.starts_with(api::PATH_ATTACHMENTS) => Self::Attachments,
             _ => Self::NotFound,
         }
     }
@@ -48,6 +50,7 @@ impl Endpoint {
             Self::Healthz => api::PATH_HEALTHZ,
             Self::Readyz => api::PATH_READYZ,
             Self::Metrics => api::PATH_METRICS,
+            Self::Attachments => "/attachments",
             Self::NotFound => "NotFound",
         }
     }
@@ -56,7 +59,7 @@ impl Endpoint {
         match self {
             Self::Cni | Self::Delegate => &[Method::POST],
             Self::Healthz | Self::Readyz => &[Method::GET, Method::POST],
-            Self::Metrics => &[Method::GET],
+            Self::Metrics | Self::Attachments => &[Method::GET],
             Self::NotFound => &[],
         }
     }
@@ -141,6 +144,7 @@ pub(super) async fn route<H: Handler>(
                 Endpoint::Cni | Endpoint::Delegate => {
                     cni(&shared, endpoint, body, &mut command).await
                 }
+                Endpoint::Attachments => attachments(&shared, &path).await,
                 Endpoint::NotFound => Outcome::Empty,
             },
         }
@@ -305,6 +309,35 @@ async fn cni<H: Handler>(
     }
     .instrument(span)
     .await
+}
+
+async fn attachments<H: Handler>(shared: &Shared<H>, path: &str) -> Outcome {
+    let id = path.strip_prefix(api::PATH_ATTACHMENTS).unwrap_or("");
+    let not_found = || {
+        fail(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            CniError::new(
+                code::UNKNOWN_CONTAINER,
+                format!("nothing is recorded for container {id:?}"),
+            ),
+        )
+    };
+    if id.is_empty() || id.contains('/') {
+        return not_found();
+    }
+    match shared.handler.attachments(id.to_string()).await {
+        Ok(Some(v)) => match serde_json::to_vec_pretty(&v) {
+            Ok(body) => Outcome::Json(body),
+            Err(e) => failure(Failure::new(
+                FailureKind::Internal,
+                code::INTERNAL,
+                format!("cannot encode the attachments: {e}"),
+            )),
+        },
+        Ok(None) => not_found(),
+        Err(f) => failure(f),
+    }
 }
 
 fn failure(f: Failure) -> Outcome {

@@ -1,0 +1,294 @@
+//! Network selection: which networks a container gets, in which order, and
+//! with which interface names, following multus's rules.
+//!
+//! The order is the cluster network first (attached as the runtime's
+//! `CNI_IFNAME`, its result is the one the runtime receives), then the
+//! default networks, then the networks the caller asked for. The network at
+//! list position `i` is named `net<i>` unless it requests a name, so names
+//! stay stable when DEL recomputes them. Duplicate interface names are
+//! rejected before anything runs.
+//!
+//! Selection only decides; it does not load configurations or talk to
+//! Kubernetes. Where the requested networks come from (a CNI_ARGS key now,
+//! pod annotations later) is the caller's business.
+
+use std::fmt;
+
+use crate::cni::types::{is_valid_name, validate_ifname};
+
+/// The CNI_ARGS key a caller uses to ask for networks per call. Plexus
+/// consumes it: it is never passed on to the plugins.
+pub const ARGS_KEY: &str = "PLEXUS_NETWORKS";
+
+/// One requested network: `name`, `namespace/name`, with `@ifname`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Element {
+    pub namespace: Option<String>,
+    pub name: String,
+    pub interface: Option<String>,
+}
+
+impl fmt::Display for Element {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(ns) = &self.namespace {
+            write!(f, "{ns}/")?;
+        }
+        f.write_str(&self.name)?;
+        if let Some(i) = &self.interface {
+            write!(f, "@{i}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a selection is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("{ARGS_KEY}: invalid network {item:?}: {why}")]
+    Malformed { item: String, why: String },
+    #[error("interface name {ifname:?} is used by both {first} and {second}")]
+    Collision {
+        ifname: String,
+        first: String,
+        second: String,
+    },
+    #[error("network {network}: requested interface {ifname:?} is invalid: {why}")]
+    BadInterface {
+        network: String,
+        ifname: String,
+        why: String,
+    },
+}
+
+/// Parses the comma form of the multus networks annotation
+/// (`a, ns/b, c@net5`). Whitespace around items is ignored; an empty value
+/// selects nothing.
+pub fn parse_networks(value: &str) -> Result<Vec<Element>, Error> {
+    let mut out = Vec::new();
+    for raw in value.split(',') {
+        let item = raw.trim();
+        if item.is_empty() {
+            if value.trim().is_empty() {
+                continue;
+            }
+            return Err(Error::Malformed {
+                item: raw.to_string(),
+                why: "empty item".into(),
+            });
+        }
+        let bad = |why: &str| Error::Malformed {
+            item: item.to_string(),
+            why: why.to_string(),
+        };
+        let (path, interface) = match item.split_once('@') {
+            Some((p, i)) if !i.contains('@') => (p, Some(i.to_string())),
+            Some(_) => return Err(bad("more than one '@'")),
+            None => (item, None),
+        };
+        let (namespace, name) = match path.split_once('/') {
+            Some((ns, n)) if !n.contains('/') => (Some(ns.to_string()), n.to_string()),
+            Some(_) => return Err(bad("more than one '/'")),
+            None => (None, path.to_string()),
+        };
+        if let Some(ns) = &namespace {
+            if !is_valid_name(ns) {
+                return Err(bad("the namespace must match [a-zA-Z0-9][a-zA-Z0-9_.-]*"));
+            }
+        }
+        if !is_valid_name(&name) {
+            return Err(bad(
+                "the network name must match [a-zA-Z0-9][a-zA-Z0-9_.-]*",
+            ));
+        }
+        if let Some(i) = &interface {
+            if let Err(e) = validate_ifname(i) {
+                return Err(bad(&format!("interface {i:?}: {}", e.msg)));
+            }
+        }
+        out.push(Element {
+            namespace,
+            name,
+            interface,
+        });
+    }
+    Ok(out)
+}
+
+/// Splits `CNI_ARGS` pairs into the requested networks and the pairs that
+/// go on to the plugins (everything but [`ARGS_KEY`]).
+pub fn take_from_args(
+    pairs: &[(String, String)],
+) -> Result<(Vec<Element>, Vec<(String, String)>), Error> {
+    let mut networks = Vec::new();
+    let mut rest = Vec::new();
+    for (k, v) in pairs {
+        if k == ARGS_KEY {
+            networks.extend(parse_networks(v)?);
+        } else {
+            rest.push((k.clone(), v.clone()));
+        }
+    }
+    Ok((networks, rest))
+}
+
+/// The static part of the configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Config {
+    /// The cluster network: a network name or a path.
+    pub cluster_network: String,
+    /// Networks attached to every container after the cluster network.
+    pub default_networks: Vec<String>,
+}
+
+/// One network to attach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selected {
+    /// A network name (or, for configured networks, a path).
+    pub network: String,
+    /// The namespace a caller qualified the name with, if any.
+    pub namespace: Option<String>,
+    pub ifname: String,
+    /// The cluster network: its result goes back to the runtime.
+    pub primary: bool,
+}
+
+impl Selected {
+    fn label(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("network {ns}/{}", self.network),
+            None => format!("network {}", self.network),
+        }
+    }
+}
+
+/// Orders the networks of one container and names their interfaces.
+pub fn select(
+    config: &Config,
+    runtime_ifname: &str,
+    requested: &[Element],
+) -> Result<Vec<Selected>, Error> {
+    let mut out: Vec<Selected> =
+        Vec::with_capacity(1 + config.default_networks.len() + requested.len());
+    out.push(Selected {
+        network: config.cluster_network.clone(),
+        namespace: None,
+        ifname: runtime_ifname.to_string(),
+        primary: true,
+    });
+    for net in &config.default_networks {
+        let i = out.len();
+        out.push(Selected {
+            network: net.clone(),
+            namespace: None,
+            ifname: format!("net{i}"),
+            primary: false,
+        });
+    }
+    for e in requested {
+        let i = out.len();
+        let ifname = e.interface.clone().unwrap_or_else(|| format!("net{i}"));
+        out.push(Selected {
+            network: e.name.clone(),
+            namespace: e.namespace.clone(),
+            ifname,
+            primary: false,
+        });
+    }
+    for (i, s) in out.iter().enumerate() {
+        if let Err(e) = validate_ifname(&s.ifname) {
+            return Err(Error::BadInterface {
+                network: s.label(),
+                ifname: s.ifname.clone(),
+                why: e.msg,
+            });
+        }
+        if let Some(first) = out[..i].iter().find(|o| o.ifname == s.ifname) {
+            return Err(Error::Collision {
+                ifname: s.ifname.clone(),
+                first: first.label(),
+                second: s.label(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn el(ns: Option<&str>, name: &str, i: Option<&str>) -> Element {
+        Element {
+            namespace: ns.map(String::from),
+            name: name.into(),
+            interface: i.map(String::from),
+        }
+    }
+
+    #[test]
+    fn comma_form_should_parse_every_shape() {
+        assert_eq!(
+            parse_networks(" a , ns/b,c@fast0, ns/d@x ").unwrap(),
+            vec![
+                el(None, "a", None),
+                el(Some("ns"), "b", None),
+                el(None, "c", Some("fast0")),
+                el(Some("ns"), "d", Some("x")),
+            ]
+        );
+        assert!(parse_networks("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn malformed_values_should_be_refused() {
+        for bad in [
+            "a,,b",
+            "a/b/c",
+            "a@b@c",
+            "_a",
+            "a@",
+            "a@this-name-is-too-long",
+            "a@x/y",
+            "/a",
+        ] {
+            assert!(parse_networks(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn interfaces_should_be_numbered_by_position() {
+        let config = Config {
+            cluster_network: "cluster".into(),
+            default_networks: vec!["d1".into()],
+        };
+        let req = parse_networks("x, y@fast0, z").unwrap();
+        let s = select(&config, "eth0", &req).unwrap();
+        let names: Vec<_> = s.iter().map(|s| s.ifname.as_str()).collect();
+        assert_eq!(names, ["eth0", "net1", "net2", "fast0", "net4"]);
+        assert!(s[0].primary && !s[1].primary);
+    }
+
+    #[test]
+    fn collisions_should_be_rejected() {
+        let config = Config {
+            cluster_network: "cluster".into(),
+            default_networks: vec![],
+        };
+        let req = parse_networks("a@eth0").unwrap();
+        let e = select(&config, "eth0", &req).unwrap_err();
+        assert!(matches!(e, Error::Collision { .. }), "{e}");
+        let req = parse_networks("a, b@net1").unwrap();
+        assert!(select(&config, "eth0", &req).is_err());
+    }
+
+    #[test]
+    fn the_key_should_be_taken_out_of_cni_args() {
+        let pairs = vec![
+            ("IgnoreUnknown".to_string(), "1".to_string()),
+            (ARGS_KEY.to_string(), "a,b".to_string()),
+        ];
+        let (nets, rest) = take_from_args(&pairs).unwrap();
+        assert_eq!(nets.len(), 2);
+        assert_eq!(rest, vec![("IgnoreUnknown".to_string(), "1".to_string())]);
+    }
+}

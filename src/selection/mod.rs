@@ -114,11 +114,12 @@ pub fn parse_networks(value: &str) -> Result<Vec<Element>, Error> {
     Ok(out)
 }
 
+/// `CNI_ARGS` as key/value pairs, in order.
+pub type ArgPairs = Vec<(String, String)>;
+
 /// Splits `CNI_ARGS` pairs into the requested networks and the pairs that
 /// go on to the plugins (everything but [`ARGS_KEY`]).
-pub fn take_from_args(
-    pairs: &[(String, String)],
-) -> Result<(Vec<Element>, Vec<(String, String)>), Error> {
+pub fn take_from_args(pairs: &[(String, String)]) -> Result<(Vec<Element>, ArgPairs), Error> {
     let mut networks = Vec::new();
     let mut rest = Vec::new();
     for (k, v) in pairs {

@@ -29,6 +29,14 @@ pub struct RejectLabels {
     pub reason: &'static str,
 }
 
+/// Labels of one plugin call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabels {
+    pub plugin: String,
+    pub command: &'static str,
+    pub outcome: &'static str,
+}
+
 /// The multus metric, kept for dashboards built on it.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MultusLabels {
@@ -48,6 +56,7 @@ pub struct Metrics {
     pub rejected: Family<RejectLabels, Counter>,
     pub connections_open: Gauge,
     pub multus_requests: Family<MultusLabels, Counter>,
+    pub plugin_calls: Family<PluginLabels, Histogram>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -75,6 +84,9 @@ impl Metrics {
         let rejected = Family::<RejectLabels, Counter>::default();
         let connections_open = Gauge::default();
         let multus_requests = Family::<MultusLabels, Counter>::default();
+        let plugin_calls = Family::<PluginLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
         {
             let reg = root.sub_registry_with_prefix("plexus");
             reg.register(
@@ -107,6 +119,11 @@ impl Metrics {
                 "Client connections currently open",
                 connections_open.clone(),
             );
+            reg.register(
+                "plugin_duration_seconds",
+                "Run time of each CNI plugin call, by plugin, command and outcome",
+                plugin_calls.clone(),
+            );
         }
         root.sub_registry_with_prefix("multus_server").register(
             "request",
@@ -122,6 +139,7 @@ impl Metrics {
             rejected,
             connections_open,
             multus_requests,
+            plugin_calls,
         }
     }
 

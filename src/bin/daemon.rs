@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use plexus::{activation, cni, config, daemon, logging, notify};
+use plexus::{activation, cni, config, daemon, logging, metrics, notify};
 use tracing::{error, warn};
 
 /// EX_CONFIG: the configuration is wrong; systemd does not restart on it.
@@ -95,10 +95,15 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_OS);
         }
     };
-    let env = daemon::Environment { notifier, watchdog };
+    let metrics = std::sync::Arc::new(metrics::Metrics::new());
+    let env = daemon::Environment {
+        notifier,
+        watchdog,
+        metrics: metrics.clone(),
+    };
     let outcome = match config.selection.clone() {
         Some(selection) => {
-            let engine = match cni::Engine::new(config.cni.clone()) {
+            let engine = match cni::Engine::new(config.cni.clone(), Some(metrics)) {
                 Ok(e) => std::sync::Arc::new(e),
                 Err(e) => {
                     error!("{e}");

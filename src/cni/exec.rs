@@ -26,6 +26,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::OnceCell;
 
 use super::types::code;
+use crate::metrics::{Metrics, PluginLabels};
 
 /// Most a plugin may print on stdout; results are a few KiB.
 pub const STDOUT_CAP: usize = 1 << 20;
@@ -168,10 +169,11 @@ pub struct Runner {
     path_env: String,
     timeout: Duration,
     versions: Mutex<HashMap<PathBuf, (Stamp, VersionCell)>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Runner {
-    pub fn new(dirs: Vec<PathBuf>, timeout: Duration) -> Self {
+    pub fn new(dirs: Vec<PathBuf>, timeout: Duration, metrics: Option<Arc<Metrics>>) -> Self {
         let cni_path = dirs
             .iter()
             .map(|d| d.to_string_lossy().into_owned())
@@ -187,6 +189,7 @@ impl Runner {
             path_env,
             timeout,
             versions: Mutex::new(HashMap::new()),
+            metrics,
         }
     }
 
@@ -300,6 +303,31 @@ impl Runner {
     /// A non-zero exit becomes an error: the plugin's CNI error JSON when
     /// it printed one, else its exit status and stderr.
     pub async fn run(
+        &self,
+        plugin: &Plugin,
+        env: &CallEnv,
+        stdin: Vec<u8>,
+    ) -> Result<Vec<u8>, ExecError> {
+        let started = std::time::Instant::now();
+        let out = self.run_once(plugin, env, stdin).await;
+        if let Some(m) = &self.metrics {
+            let outcome = match &out {
+                Ok(_) => "success",
+                Err(ExecError::TimedOut { .. }) => "timeout",
+                Err(_) => "error",
+            };
+            m.plugin_calls
+                .get_or_create(&PluginLabels {
+                    plugin: plugin.name.clone(),
+                    command: env.command,
+                    outcome,
+                })
+                .observe(started.elapsed().as_secs_f64());
+        }
+        out
+    }
+
+    async fn run_once(
         &self,
         plugin: &Plugin,
         env: &CallEnv,
@@ -646,7 +674,7 @@ mod tests {
             "env",
             "echo \"$CNI_COMMAND $CNI_IFNAME $CNI_PATH ${NOTIFY_SOCKET-unset}\"",
         );
-        let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10));
+        let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10), None);
         let run = |name: &'static str| {
             let r = &r;
             async move { r.run(&r.find(name).unwrap(), &env(), b"{}".to_vec()).await }
@@ -675,7 +703,7 @@ mod tests {
             "hang",
             &format!("sleep 1000 & echo $! > {}; wait", marker.display()),
         );
-        let r = Runner::new(vec![dir.path().into()], Duration::from_millis(300));
+        let r = Runner::new(vec![dir.path().into()], Duration::from_millis(300), None);
         let e = r
             .run(&r.find("hang").unwrap(), &env(), Vec::new())
             .await
@@ -711,7 +739,7 @@ mod tests {
             )
         };
         script(dir.path(), "p", &body("0.4.0"));
-        let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10));
+        let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10), None);
         let p = r.find("p").unwrap();
         assert_eq!(*r.versions(&p).await.unwrap(), vec!["0.4.0".to_string()]);
         assert_eq!(*r.versions(&p).await.unwrap(), vec!["0.4.0".to_string()]);

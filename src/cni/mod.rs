@@ -30,6 +30,7 @@ use tokio::sync::{OwnedMutexGuard, RwLock};
 use self::exec::{CallEnv, ExecError, Plugin, Runner};
 use self::record::{Attachment, Delegate, Record, State, Store};
 use self::types::{at_least, code, negotiate, Command, Invocation, NetworkList};
+use crate::metrics::Metrics;
 use crate::result;
 
 /// Plugin search path when `binDir` is not set: containerd's and CRI-O's
@@ -203,10 +204,14 @@ impl Drop for ContainerLock<'_> {
 
 impl Engine {
     /// Creates the engine; creates the state directory. Blocking.
-    pub fn new(config: Config) -> Result<Self, Error> {
+    pub fn new(config: Config, metrics: Option<Arc<Metrics>>) -> Result<Self, Error> {
         let store = Store::open(&config.state_dir).map_err(Error::record)?;
         Ok(Self {
-            runner: Arc::new(Runner::new(config.bin_dirs.clone(), config.plugin_timeout)),
+            runner: Arc::new(Runner::new(
+                config.bin_dirs.clone(),
+                config.plugin_timeout,
+                metrics,
+            )),
             store: Arc::new(store),
             config,
             containers: Mutex::new(HashMap::new()),

@@ -36,6 +36,8 @@ pub struct Environment {
     pub notifier: Notifier,
     /// Ping interval systemd expects (`WatchdogSec=`), if enabled.
     pub watchdog: Option<Duration>,
+    /// The registry every module reports into.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Why the daemon stopped.
@@ -72,7 +74,7 @@ pub async fn run<H: Handler>(
     env: Environment,
     handler: H,
 ) -> anyhow::Result<StopReason> {
-    let metrics = Arc::new(Metrics::new());
+    let metrics = env.metrics.clone();
     let Listeners { sockets, owned } = listeners;
     let mut tokio_listeners = Vec::with_capacity(sockets.len());
     for s in sockets {

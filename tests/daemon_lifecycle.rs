@@ -320,7 +320,20 @@ fn systemd_socket_activate_should_start_on_first_connection_and_keep_the_node() 
     wait_until(T, "systemd-socket-activate to bind", || path.exists());
     let before = inode(&path).unwrap();
     // The first connection makes the launcher exec plexusd in its place.
-    let r = http::request(&path, "GET", "/healthz", b"").unwrap();
+    // The path appears at bind(), a moment before listen(): until then a
+    // connect is refused, so the first request is retried on that alone.
+    let deadline = Instant::now() + T;
+    let r = loop {
+        match http::request(&path, "GET", "/healthz", b"") {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && Instant::now() < deadline =>
+            {
+                std::thread::yield_now()
+            }
+            r => break r.unwrap(),
+        }
+    };
     assert_eq!(r.status, 200);
     let mut buf = [0u8; 512];
     notify.set_read_timeout(Some(T)).unwrap();

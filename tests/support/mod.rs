@@ -2,8 +2,10 @@
 //! `mod support;` and uses what it needs.
 #![allow(dead_code)]
 
+pub mod cni;
 pub mod daemon;
 pub mod http;
 pub mod inproc;
+pub mod netns;
 pub mod shim;
 pub mod systemd;

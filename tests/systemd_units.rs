@@ -435,3 +435,115 @@ fn units_offline_analysis_reports_nothing() {
         side_effect.display()
     );
 }
+
+/// The unit's sandbox (read-only file system, reduced capabilities, system
+/// call filter) must still let Debian's plugins do their work: a real
+/// bridge + host-local ADD and DEL through plexus-shim into a network
+/// namespace, with host-local's store in its default place (/var/lib/cni,
+/// one of the unit's ReadWritePaths).
+#[test]
+fn real_plugins_should_work_under_the_unit_sandbox() {
+    use support::netns::{Link, Netns, Subnet};
+    if support::systemd::skip_reason().is_some() {
+        println!("skipping: no private systemd manager here");
+        return;
+    }
+    let made_var_lib_cni = !Path::new("/var/lib/cni").exists();
+    std::fs::create_dir_all("/var/lib/cni").unwrap();
+    let bridge = Link::planned("b");
+    let subnet = Subnet::new();
+    let network = format!("sandbox-{}", bridge.name);
+    let store = PathBuf::from("/var/lib/cni/networks").join(&network);
+    struct Cleanup(PathBuf, bool);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+            if self.1 {
+                let _ = std::fs::remove_dir("/var/lib/cni/networks");
+                let _ = std::fs::remove_dir("/var/lib/cni");
+            }
+        }
+    }
+    let _cleanup = Cleanup(store.clone(), made_var_lib_cni);
+
+    // Before the manager: the harness runs it in a private mount namespace,
+    // which sees the host's mounts (this namespace's bind mount among them)
+    // only as they were when it started. A system manager's services are
+    // mount slaves of the host and see later namespaces too.
+    let ns = Netns::new();
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    let work = p.m.work_dir().to_path_buf();
+    let conf = work.join("net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(
+        conf.join("10-net.conflist"),
+        serde_json::to_vec(&serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": network,
+            "plugins": [{"type": "bridge", "bridge": bridge.name,
+                         "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet.cidr()}]]}}]
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    // The unit's StateDirectory= (under the user manager: XDG_STATE_HOME).
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(work.join("daemon-config.json")).unwrap()).unwrap();
+    cfg["confDir"] = serde_json::json!(conf);
+    cfg["binDir"] = serde_json::json!("/usr/lib/cni");
+    cfg["stateDir"] = serde_json::json!(work.join("state/plexus"));
+    cfg["clusterNetwork"] = serde_json::json!(network);
+    std::fs::write(
+        work.join("daemon-config.json"),
+        serde_json::to_vec(&cfg).unwrap(),
+    )
+    .unwrap();
+    p.m.systemctl_ok(&["start", SOCKET]);
+
+    let stdin = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "plexus", "type": "plexus-shim",
+        "daemonSocketDir": p.sock.parent().unwrap(),
+    });
+    let call = |cmd: &str| {
+        support::shim::run(
+            [
+                ("CNI_COMMAND", cmd),
+                ("CNI_CONTAINERID", "sandboxed-1"),
+                ("CNI_NETNS", ns.path.as_str()),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_ARGS", "IgnoreUnknown=1"),
+                ("CNI_PATH", "/usr/lib/cni"),
+            ],
+            &serde_json::to_vec(&stdin).unwrap(),
+        )
+    };
+    let add = call("ADD");
+    assert_eq!(
+        add.code,
+        Some(0),
+        "{add:?}\n{}\n{}",
+        p.m.describe_failure(),
+        std::fs::read_to_string(work.join("plexusd.log")).unwrap_or_default()
+    );
+    let addr = add.json()["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(subnet.holds(&addr), "{addr}");
+    let eth0 = ns.iface("eth0").expect("no eth0 in the namespace");
+    assert!(eth0.has_addr(&addr), "{eth0:?}");
+    assert!(store.join(addr.split('/').next().unwrap()).exists());
+    assert!(work
+        .join("state/plexus/attachments/sandboxed-1.json")
+        .exists());
+
+    let del = call("DEL");
+    assert_eq!(del.code, Some(0), "{del:?}");
+    assert!(!ns.has_link("eth0"));
+    assert!(!store.join(addr.split('/').next().unwrap()).exists());
+    assert!(!work
+        .join("state/plexus/attachments/sandboxed-1.json")
+        .exists());
+}

@@ -28,6 +28,7 @@
 
 pub mod activation;
 pub mod api;
+pub mod cli;
 pub mod cni;
 pub mod config;
 pub mod daemon;

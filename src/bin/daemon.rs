@@ -1,9 +1,9 @@
 //! `plexusd`: args -> config -> logging -> listener -> runtime -> daemon::run -> exit code.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use plexus::cli::{Args, Sub};
 use plexus::{activation, cni, config, daemon, logging, metrics, notify};
 use tracing::{error, warn};
 
@@ -11,31 +11,6 @@ use tracing::{error, warn};
 const EXIT_CONFIG: u8 = 78;
 /// EX_OSERR: the operating system refused something we need.
 const EXIT_OS: u8 = 71;
-
-/// The Plexus daemon: runs CNI plugin chains for the plexus-shim.
-#[derive(Debug, Parser)]
-#[command(name = "plexusd", version, about)]
-struct Args {
-    /// Daemon configuration file (multus daemon-config.json schema).
-    #[arg(long, short = 'c', value_name = "FILE", default_value = config::DEFAULT_CONFIG_PATH)]
-    config: PathBuf,
-    /// Validate the configuration, report every problem, and exit.
-    #[arg(long)]
-    check_config: bool,
-    #[command(subcommand)]
-    command: Option<Sub>,
-}
-
-#[derive(Debug, clap::Subcommand)]
-enum Sub {
-    /// Print what is recorded for a container (networks, interfaces,
-    /// addresses) as JSON, read from the state directory; without an id,
-    /// every container.
-    Show {
-        /// The container id (CNI_CONTAINERID).
-        container_id: Option<String>,
-    },
-}
 
 fn main() -> ExitCode {
     let args = Args::parse();

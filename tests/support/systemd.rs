@@ -351,7 +351,7 @@ impl Manager {
         s
     }
 
-    fn client_env(&self) -> Vec<(String, String)> {
+    pub fn client_env(&self) -> Vec<(String, String)> {
         let w = |d: &str| self.work.join(d).display().to_string();
         vec![
             ("PATH".into(), PATH_ENV.into()),

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the Debian and RPM packages into target/packages/:
+#   bash packaging/build.sh
+# Needs cargo-deb and cargo-generate-rpm (`cargo install --locked cargo-deb
+# cargo-generate-rpm`). Everything is built under ./target: the package
+# metadata in Cargo.toml names files there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+unset CARGO_TARGET_DIR
+
+for tool in deb generate-rpm; do
+    if ! cargo "$tool" --version >/dev/null 2>&1; then
+        echo "packaging/build.sh: cargo-$tool is missing: cargo install --locked cargo-$tool" >&2
+        exit 1
+    fi
+done
+
+out=target/packages
+mkdir -p "$out"
+
+cargo build --release --locked --bins
+# Man page and completions, generated from plexusd's command line.
+rm -rf target/gendocs
+cargo run --release --locked --features gendocs --bin plexus-gendocs -- target/gendocs
+gzip -9 -n -f target/gendocs/man/plexusd.8
+
+cargo deb --no-build --output "$out/"
+cargo generate-rpm --output "$out/"
+ls -l "$out"

@@ -1,0 +1,16 @@
+# plexus %post: enable plexusd.socket on first install (the service starts
+# on the first CNI call); on upgrade restart a running plexusd.service,
+# never the socket.
+if [ -d /run/systemd/system ]; then
+    systemctl daemon-reload >/dev/null 2>&1 || :
+fi
+systemd-tmpfiles --create plexus.conf >/dev/null 2>&1 || :
+if [ "$1" -eq 1 ]; then
+    if [ -d /run/systemd/system ]; then
+        systemctl enable --now plexusd.socket >/dev/null 2>&1 || :
+    else
+        systemctl --no-reload enable plexusd.socket >/dev/null 2>&1 || :
+    fi
+elif [ -d /run/systemd/system ]; then
+    systemctl try-restart plexusd.service >/dev/null 2>&1 || :
+fi

@@ -1,0 +1,7 @@
+# plexus %postun: on removal forget the records in /var/lib/plexus.
+if [ -d /run/systemd/system ]; then
+    systemctl daemon-reload >/dev/null 2>&1 || :
+fi
+if [ "$1" -eq 0 ]; then
+    rm -rf /var/lib/plexus
+fi

@@ -1,0 +1,46 @@
+//! The command line of `plexusd`, shared by the binary and by the
+//! generator of its man page and shell completions.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::config;
+
+/// The Plexus daemon: runs CNI plugin chains for the plexus-shim.
+#[derive(Debug, Parser)]
+#[command(name = "plexusd", version, about)]
+pub struct Args {
+    /// Daemon configuration file (multus daemon-config.json schema).
+    #[arg(long, short = 'c', value_name = "FILE", default_value = config::DEFAULT_CONFIG_PATH)]
+    pub config: PathBuf,
+    /// Validate the configuration, report every problem, and exit.
+    #[arg(long)]
+    pub check_config: bool,
+    #[command(subcommand)]
+    pub command: Option<Sub>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Sub {
+    /// Print what is recorded for a container (networks, interfaces,
+    /// addresses) as JSON, read from the state directory; without an id,
+    /// every container.
+    Show {
+        /// The container id (CNI_CONTAINERID).
+        container_id: Option<String>,
+    },
+}
+
+/// The clap command, for generators.
+pub fn command() -> clap::Command {
+    <Args as clap::CommandFactory>::command()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_should_be_consistent() {
+        super::command().debug_assert();
+    }
+}

@@ -86,6 +86,14 @@ fn main() -> ExitCode {
                 }
             };
             let handler = daemon::Networks::new(engine, selection);
+            // In the background: it runs each plugin's VERSION (warming the
+            // cache) and must not delay readiness.
+            let check = handler.clone();
+            runtime.spawn(async move {
+                for problem in check.preflight().await {
+                    warn!(%problem, "network check at start-up failed; ADD will fail until this is fixed");
+                }
+            });
             runtime.block_on(daemon::run(config, listeners, env, handler))
         }
         None => {

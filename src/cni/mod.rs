@@ -327,6 +327,12 @@ impl Engine {
         }
     }
 
+    /// Whether every plugin of `list` is installed and speaks a version
+    /// the list can run at.
+    pub async fn check_plugins(&self, list: &NetworkList) -> Result<(), Error> {
+        self.prepare(list, Command::Add).await.map(|_| ())
+    }
+
     /// Runs a network's ADD chain. On failure also returns the result the
     /// chain had reached (the rollback's prevResult).
     async fn add_chain(

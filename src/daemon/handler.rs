@@ -29,6 +29,27 @@ impl Networks {
             selection: Arc::new(selection),
         }
     }
+
+    /// Loads every configured network and locates its plugins, so that a
+    /// broken setup shows in the log at start-up rather than on the first
+    /// ADD. Networks are still read on every call (files may appear
+    /// later), so this only warns; it returns the problems found.
+    pub async fn preflight(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let names = std::iter::once(&self.selection.cluster_network)
+            .chain(self.selection.default_networks.iter());
+        for name in names {
+            match self.engine.load(name).await {
+                Ok(list) => {
+                    if let Err(e) = self.engine.check_plugins(&list).await {
+                        problems.push(e.msg);
+                    }
+                }
+                Err(e) => problems.push(e.msg),
+            }
+        }
+        problems
+    }
 }
 
 impl Handler for Networks {

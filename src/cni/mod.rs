@@ -28,7 +28,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{OwnedMutexGuard, RwLock};
 
 use self::exec::{CallEnv, ExecError, Plugin, Runner};
-use self::record::{Attachment, Delegate, Record, State, Store};
+use self::record::{Attachment, Delegate, Durability, Record, State, Store};
 use self::types::{at_least, code, negotiate, Command, Invocation, NetworkList};
 use crate::metrics::Metrics;
 use crate::result;
@@ -421,10 +421,10 @@ impl Engine {
             .map_err(Error::record)
     }
 
-    async fn save_record(&self, record: &Record) -> Result<(), Error> {
+    async fn save_record(&self, record: &Record, durability: Durability) -> Result<(), Error> {
         let store = self.store.clone();
         let record = record.clone();
-        blocking(move || store.save(&record))
+        blocking(move || store.save(&record, durability))
             .await?
             .map_err(Error::record)
     }
@@ -479,7 +479,7 @@ impl Engine {
 
         for (i, (p, prep)) in planned.iter().zip(&prepared).enumerate() {
             record.attachments[slot].delegates[i].state = State::Adding;
-            if let Err(e) = self.save_record(&record).await {
+            if let Err(e) = self.save_record(&record, Durability::Synced).await {
                 return Err(self.roll_back(inv, &mut record, slot, i, None, e).await);
             }
             let env = self.call_env(Command::Add, inv, &p.ifname, &inv.netns);
@@ -494,7 +494,7 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = self.save_record(&record).await {
+        if let Err(e) = self.save_record(&record, Durability::Atomic).await {
             let last = planned.len().saturating_sub(1);
             return Err(self.roll_back(inv, &mut record, slot, last, None, e).await);
         }
@@ -562,7 +562,7 @@ impl Engine {
             }
             cause.details.push_str(&e.msg);
         }
-        if let Err(e) = self.save_record(record).await {
+        if let Err(e) = self.save_record(record, Durability::Atomic).await {
             tracing::error!(container_id = %inv.container_id, cause = %e, "cannot update the attachment record after a rollback");
         }
         cause
@@ -633,7 +633,7 @@ impl Engine {
             a.delegates = left;
         }
         record.attachments.retain(|a| !a.delegates.is_empty());
-        self.save_record(&record).await?;
+        self.save_record(&record, Durability::Atomic).await?;
         if errors.is_empty() {
             Ok(())
         } else {

@@ -4,9 +4,15 @@
 //! arguments), so DEL works after a restart, a crash, or the removal of the
 //! network's config file.
 //!
-//! Writes are atomic: a temporary file in the same directory, fsync, rename
-//! over the record, fsync of the directory. All functions block: call them
-//! on the blocking pool.
+//! Writes are atomic: a temporary file in the same directory, rename over
+//! the record. A [`Durability::Synced`] write also fsyncs the file before the
+//! rename and the directory after it, so it survives a power loss: the
+//! engine asks for that before plugins of a network run, because after a
+//! reboot the record is what lets DEL release what they reserved on disk
+//! (host-local's addresses). Later updates (results, removals) need only
+//! atomicity: losing one leaves an older record, and DEL from an older
+//! record is still correct (DEL is idempotent and tolerates a missing
+//! prevResult). All functions block: call them on the blocking pool.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -172,6 +178,15 @@ fn delegate_summary(d: &Delegate) -> Value {
     Value::Object(out)
 }
 
+/// Whether a write must survive a power loss (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync of the file and the directory.
+    Synced,
+    /// Atomic only: survives a crash of the process, not of the machine.
+    Atomic,
+}
+
 /// Why a record could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -238,10 +253,11 @@ impl Store {
     }
 
     /// Writes `record` atomically; an empty record removes the file.
-    pub fn save(&self, record: &Record) -> Result<(), Error> {
+    pub fn save(&self, record: &Record, durability: Durability) -> Result<(), Error> {
         if record.attachments.is_empty() {
-            return self.remove(&record.container_id);
+            return self.remove(&record.container_id, durability);
         }
+        let synced = durability == Durability::Synced;
         let path = self.path(&record.container_id);
         let tmp = self.dir.join(format!(
             ".{}.{}.{}.tmp",
@@ -268,7 +284,10 @@ impl Store {
                 .mode(0o600)
                 .open(&tmp)?;
             f.write_all(&body)?;
-            f.sync_all()
+            if synced {
+                f.sync_all()?;
+            }
+            Ok(())
         };
         if let Err(e) = write() {
             let _ = fs::remove_file(&tmp);
@@ -278,14 +297,18 @@ impl Store {
             let _ = fs::remove_file(&tmp);
             return Err(io("cannot rename into place", &path)(e));
         }
-        self.sync_dir()
+        if synced {
+            self.sync_dir()?;
+        }
+        Ok(())
     }
 
     /// Removes the record of `container_id` (no error when absent).
-    pub fn remove(&self, container_id: &str) -> Result<(), Error> {
+    pub fn remove(&self, container_id: &str, durability: Durability) -> Result<(), Error> {
         let path = self.path(container_id);
         match fs::remove_file(&path) {
-            Ok(()) => self.sync_dir(),
+            Ok(()) if durability == Durability::Synced => self.sync_dir(),
+            Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(source) => Err(Error::Io {
                 path,
@@ -366,11 +389,11 @@ mod tests {
                 result: None,
             }],
         });
-        store.save(&r).unwrap();
+        store.save(&r, Durability::Synced).unwrap();
         assert_eq!(store.load("c1").unwrap().unwrap(), r);
         assert_eq!(store.list().unwrap(), vec!["c1".to_string()]);
         r.attachments.clear();
-        store.save(&r).unwrap();
+        store.save(&r, Durability::Atomic).unwrap();
         assert!(store.load("c1").unwrap().is_none());
         assert!(fs::read_dir(store.dir()).unwrap().next().is_none());
     }

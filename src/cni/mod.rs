@@ -526,11 +526,7 @@ impl Engine {
             if d.state == State::Pending {
                 continue;
             }
-            let list = match NetworkList::from_value(
-                &PathBuf::from("<record>"),
-                d.config.clone(),
-                false,
-            ) {
+            let list = match recorded_list(d) {
                 Ok(l) => l,
                 Err(e) => {
                     errors.push(Error::config(e));
@@ -607,11 +603,7 @@ impl Engine {
             if d.state == State::Pending {
                 continue;
             }
-            let list = match NetworkList::from_value(
-                &PathBuf::from("<record>"),
-                d.config.clone(),
-                false,
-            ) {
+            let list = match recorded_list(d) {
                 Ok(l) => l,
                 Err(e) => {
                     errors.push(Error::config(e));
@@ -669,8 +661,7 @@ impl Engine {
                     format!("network {:?}: its ADD did not complete", d.name),
                 ));
             }
-            let list = NetworkList::from_value(&PathBuf::from("<record>"), d.config.clone(), false)
-                .map_err(Error::config)?;
+            let list = recorded_list(d).map_err(Error::config)?;
             let version = list.version().unwrap_or_default();
             if !at_least(&version, "0.4.0") {
                 return Err(Error::new(
@@ -823,6 +814,15 @@ impl Engine {
             Err(Error::join(Command::Gc, "stale attachments", errors))
         }
     }
+}
+
+/// The network configuration a delegate was added with, from its record.
+fn recorded_list(d: &Delegate) -> Result<NetworkList, types::ConfigError> {
+    NetworkList::from_value(
+        &PathBuf::from(format!("<record of network {}>", d.name)),
+        d.config.clone(),
+        false,
+    )
 }
 
 /// Runs blocking file work off the async runtime.

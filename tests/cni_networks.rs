@@ -289,3 +289,69 @@ fn quick_start_should_attach_two_networks_and_leave_nothing_behind() {
     assert!(!netns, "a plexus-demo namespace is left");
     assert!(!Path::new("/var/lib/cni/networks/plexus-cluster").exists());
 }
+
+/// GC (CNI 1.1.0) deletes, from the records, every attachment the runtime
+/// no longer lists, and leaves the listed ones alone; STATUS succeeds with
+/// plugins that predate it (Debian's stop at 1.0.0, so nothing is sent).
+#[test]
+fn gc_should_delete_what_the_runtime_no_longer_lists_and_status_should_pass() {
+    let t = three("gcstatus", None);
+    let keep_ns = Netns::new();
+    let stale_ns = Netns::new();
+    ok(
+        &t.daemon,
+        &Call::new("ADD", "gc-keep", &keep_ns, "eth0").run(&t.daemon),
+    );
+    ok(
+        &t.daemon,
+        &Call::new("ADD", "gc-stale", &stale_ns, "eth0").run(&t.daemon),
+    );
+    assert_eq!(t.engine.reservations("cluster").len(), 2);
+    assert_eq!(t.engine.reservations("lan").len(), 2);
+
+    let stdin = |extra: Value| {
+        let mut v = json!({
+            "cniVersion": "1.1.0",
+            "name": "plexus",
+            "type": "plexus-shim",
+            "daemonSocketDir": t.daemon.sock.parent().unwrap(),
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        serde_json::to_vec(&v).unwrap()
+    };
+    let env = |cmd: &str| {
+        vec![
+            ("CNI_COMMAND".to_string(), cmd.to_string()),
+            ("CNI_PATH".to_string(), "/usr/lib/cni".to_string()),
+        ]
+    };
+    let status = support::shim::run(env("STATUS"), &stdin(json!({})));
+    assert_eq!(status.code, Some(0), "{status:?}\n{}", t.daemon.log_text());
+
+    let gc = support::shim::run(
+        env("GC"),
+        &stdin(
+            json!({"cni.dev/valid-attachments": [{"containerID": "gc-keep", "ifname": "eth0"}]}),
+        ),
+    );
+    assert_eq!(gc.code, Some(0), "{gc:?}\n{}", t.daemon.log_text());
+    for ifname in ["eth0", "net1"] {
+        assert!(keep_ns.has_link(ifname), "GC removed the listed {ifname}");
+        assert!(!stale_ns.has_link(ifname), "GC left the stale {ifname}");
+    }
+    assert_eq!(t.engine.reservations("cluster").len(), 1);
+    assert_eq!(t.engine.reservations("lan").len(), 1);
+    assert_eq!(t.engine.records(), vec!["gc-keep.json".to_string()]);
+
+    // A GC without the list would delete everything: it is refused.
+    let refused = support::shim::run(env("GC"), &stdin(json!({})));
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(keep_ns.has_link("eth0"));
+    ok(
+        &t.daemon,
+        &Call::new("DEL", "gc-keep", &keep_ns, "eth0").run(&t.daemon),
+    );
+    assert!(t.engine.records().is_empty());
+}

@@ -229,8 +229,18 @@ exit 0"#,
     assert!(ns.has_link("eth0"), "{:?}", ns.ifaces());
     d.signal(libc::SIGKILL);
     d.wait_exit(SETTLE);
+    // Without systemd nothing kills the plugin the dead daemon started; under
+    // systemd, KillMode=mixed kills what is left in the unit's cgroup before
+    // the restart (tests/systemd_units.rs proves that). Do its job here.
     let needle = format!("{}/fake-slow", e.bin_dir.display());
-    wait_until(SETTLE, "the slow plugin to die with the daemon", || {
+    for (pid, _) in processes_matching(&needle) {
+        // SAFETY: kill(2) on a fake plugin this test started (its command
+        // line names this test's private directory).
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+    wait_until(SETTLE, "the orphaned slow plugin to be gone", || {
         processes_matching(&needle).is_empty()
     });
     let run = add.finish();

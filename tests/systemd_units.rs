@@ -547,3 +547,94 @@ fn real_plugins_should_work_under_the_unit_sandbox() {
         .join("state/plexus/attachments/sandboxed-1.json")
         .exists());
 }
+
+/// A daemon killed by SIGKILL in the middle of an ADD: systemd kills the
+/// plugin it left running (KillMode=mixed, the unit's cgroup) and restarts
+/// the daemon, and the next DEL cleans up from the attachment record.
+#[test]
+fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
+    use support::netns::Netns;
+    if support::systemd::skip_reason().is_some() {
+        println!("skipping: no private systemd manager here");
+        return;
+    }
+    let ns = Netns::new();
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    let work = p.m.work_dir().to_path_buf();
+    let bin = work.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let marker = work.join("slow.started");
+    let del_log = work.join("slow.del");
+    let sleeper = format!("{}/slow-sleep", bin.display());
+    let fake = format!(
+        "#!/bin/bash\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n\
+         VERSION) echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}}' ;;\n\
+         ADD) touch '{}'; exec -a '{sleeper}' sleep 1000 ;;\n\
+         DEL) echo \"DEL $CNI_CONTAINERID\" >> '{}' ;;\nesac\nexit 0\n",
+        marker.display(),
+        del_log.display()
+    );
+    std::fs::write(bin.join("slow"), fake).unwrap();
+    std::fs::set_permissions(bin.join("slow"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = work.join("net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(
+        conf.join("10-slow.conflist"),
+        r#"{"cniVersion":"1.0.0","name":"slow","plugins":[{"type":"slow"}]}"#,
+    )
+    .unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(work.join("daemon-config.json")).unwrap()).unwrap();
+    cfg["confDir"] = serde_json::json!(conf);
+    cfg["binDir"] = serde_json::json!(bin);
+    cfg["stateDir"] = serde_json::json!(work.join("state/plexus"));
+    cfg["clusterNetwork"] = serde_json::json!("slow");
+    std::fs::write(
+        work.join("daemon-config.json"),
+        serde_json::to_vec(&cfg).unwrap(),
+    )
+    .unwrap();
+    p.m.systemctl_ok(&["start", SOCKET]);
+
+    let stdin = serde_json::to_vec(&serde_json::json!({
+        "cniVersion": "1.0.0", "name": "plexus", "type": "plexus-shim",
+        "daemonSocketDir": p.sock.parent().unwrap(),
+    }))
+    .unwrap();
+    let env = |cmd: &'static str| {
+        vec![
+            ("CNI_COMMAND", cmd.to_string()),
+            ("CNI_CONTAINERID", "killed-1".to_string()),
+            ("CNI_NETNS", ns.path.clone()),
+            ("CNI_IFNAME", "eth0".to_string()),
+            ("CNI_PATH", "/usr/lib/cni".to_string()),
+        ]
+    };
+    let add = support::shim::spawn(env("ADD"), &stdin);
+    let started = support::systemd::poll_until(STATE_TIMEOUT, || marker.exists());
+    assert!(
+        started,
+        "the slow plugin never ran\n{}",
+        p.m.describe_failure()
+    );
+    let first = p.wait_active();
+    let orphans = || support::cni::processes_matching(&sleeper);
+    assert_eq!(orphans().len(), 1, "{:?}", orphans());
+    // SAFETY: kill(2) on the service's main process, which this test runs.
+    unsafe { libc::kill(first as i32, libc::SIGKILL) };
+    let gone = support::systemd::poll_until(STATE_TIMEOUT, || orphans().is_empty());
+    assert!(gone, "systemd left the plugin running: {:?}", orphans());
+    let add = support::shim::finish(add);
+    assert_eq!(add.code, Some(1), "{add:?}");
+
+    // The next call reaches a new daemon (socket activation), whose DEL
+    // works from the record the killed one wrote before the plugin ran.
+    let del = support::shim::run(env("DEL"), &stdin);
+    assert_eq!(del.code, Some(0), "{del:?}\n{}", p.m.describe_failure());
+    assert_ne!(p.main_pid(), first);
+    let dels = std::fs::read_to_string(&del_log).unwrap_or_default();
+    assert_eq!(dels.trim(), "DEL killed-1");
+    assert!(!work.join("state/plexus/attachments/killed-1.json").exists());
+}

@@ -1978,6 +1978,8 @@ fn main() {
         }
     }
     out.push_str(&t.render());
+    out.push('\n');
+    out.push_str(include_str!("limits.md"));
     for s in &sections {
         out.push_str(&format!("\n## {}\n\n{}", s.title, s.body));
     }

@@ -158,8 +158,11 @@ pub fn burst(calls: &[Call]) -> Burst {
                 .expect("spawn a burst thread")
         })
         .collect();
-    barrier.wait();
+    // Taken before the release: the main thread may get the CPU back only
+    // after many calls are done, so a clock read after the barrier would
+    // start the wall time late.
     let start = Instant::now();
+    barrier.wait();
     let mut end = start;
     let mut outcomes = Vec::with_capacity(handles.len());
     for h in handles {

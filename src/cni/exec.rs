@@ -698,7 +698,7 @@ mod tests {
         script(
             dir.path(),
             "env",
-            "echo \"$CNI_COMMAND $CNI_IFNAME $CNI_PATH ${NOTIFY_SOCKET-unset}\"",
+            "echo \"$CNI_COMMAND $CNI_IFNAME $CNI_PATH\"; env | cut -d= -f1 | grep -v '^PWD$' | sort | tr '\\n' ' '",
         );
         let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10), None);
         let run = |name: &'static str| {
@@ -714,8 +714,14 @@ mod tests {
         assert!(e.to_string().contains("killed by signal 11"), "{e}");
         let e = run("garbage").await.unwrap_err();
         assert!(matches!(e, ExecError::BadError { .. }), "{e}");
+        // Nothing of the daemon's environment (NOTIFY_SOCKET, LISTEN_*,
+        // JOURNAL_STREAM, or here cargo's variables) reaches a plugin; the
+        // shell adds PWD itself.
         let out = run("env").await.unwrap();
-        let expect = format!("ADD eth0 {} unset\n", dir.path().display());
+        let expect = format!(
+            "ADD eth0 {}\nCNI_ARGS CNI_COMMAND CNI_CONTAINERID CNI_IFNAME CNI_NETNS CNI_PATH PATH ",
+            dir.path().display()
+        );
         assert_eq!(String::from_utf8_lossy(&out), expect);
         assert!(matches!(r.find("missing"), Err(ExecError::NotFound { .. })));
     }

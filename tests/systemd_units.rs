@@ -124,6 +124,48 @@ impl Plexus {
         }
     }
 
+    /// Makes `conflist` the cluster network, its plugins searched in
+    /// `bin_dir`, with the records in the unit's StateDirectory= (under the
+    /// user manager: XDG_STATE_HOME), and starts the socket. Returns the
+    /// attachment records' directory.
+    fn serve_network(&self, conflist: serde_json::Value, bin_dir: &Path) -> PathBuf {
+        let work = self.m.work_dir();
+        let conf = work.join("net.d");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::write(conf.join("10-net.conflist"), conflist.to_string()).unwrap();
+        let path = work.join("daemon-config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        cfg["confDir"] = serde_json::json!(conf);
+        cfg["binDir"] = serde_json::json!(bin_dir);
+        cfg["stateDir"] = serde_json::json!(work.join("state/plexus"));
+        cfg["clusterNetwork"] = conflist["name"].clone();
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        self.m.systemctl_ok(&["start", SOCKET]);
+        work.join("state/plexus/attachments")
+    }
+
+    /// The environment and stdin of a plexus-shim call `cmd` for container
+    /// `id` in the network namespace at `netns`, as `eth0`.
+    fn shim_call(&self, cmd: &str, id: &str, netns: &str) -> (Vec<(String, String)>, Vec<u8>) {
+        let env = [
+            ("CNI_COMMAND", cmd),
+            ("CNI_CONTAINERID", id),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", "IgnoreUnknown=1"),
+            ("CNI_PATH", "/usr/lib/cni"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let stdin = serde_json::json!({
+            "cniVersion": "1.0.0", "name": "plexus", "type": "plexus-shim",
+            "daemonSocketDir": self.sock.parent().unwrap(),
+        });
+        (env, stdin.to_string().into_bytes())
+    }
+
     fn main_pid(&self) -> u32 {
         self.m.show(SERVICE, "MainPID").parse().unwrap()
     }
@@ -475,49 +517,18 @@ fn real_plugins_should_work_under_the_unit_sandbox() {
         return;
     };
     let work = p.m.work_dir().to_path_buf();
-    let conf = work.join("net.d");
-    std::fs::create_dir_all(&conf).unwrap();
-    std::fs::write(
-        conf.join("10-net.conflist"),
-        serde_json::to_vec(&serde_json::json!({
+    let records = p.serve_network(
+        serde_json::json!({
             "cniVersion": "1.0.0",
             "name": network,
             "plugins": [{"type": "bridge", "bridge": bridge.name,
                          "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet.cidr()}]]}}]
-        }))
-        .unwrap(),
-    )
-    .unwrap();
-    // The unit's StateDirectory= (under the user manager: XDG_STATE_HOME).
-    let mut cfg: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(work.join("daemon-config.json")).unwrap()).unwrap();
-    cfg["confDir"] = serde_json::json!(conf);
-    cfg["binDir"] = serde_json::json!("/usr/lib/cni");
-    cfg["stateDir"] = serde_json::json!(work.join("state/plexus"));
-    cfg["clusterNetwork"] = serde_json::json!(network);
-    std::fs::write(
-        work.join("daemon-config.json"),
-        serde_json::to_vec(&cfg).unwrap(),
-    )
-    .unwrap();
-    p.m.systemctl_ok(&["start", SOCKET]);
-
-    let stdin = serde_json::json!({
-        "cniVersion": "1.0.0", "name": "plexus", "type": "plexus-shim",
-        "daemonSocketDir": p.sock.parent().unwrap(),
-    });
+        }),
+        Path::new("/usr/lib/cni"),
+    );
     let call = |cmd: &str| {
-        support::shim::run(
-            [
-                ("CNI_COMMAND", cmd),
-                ("CNI_CONTAINERID", "sandboxed-1"),
-                ("CNI_NETNS", ns.path.as_str()),
-                ("CNI_IFNAME", "eth0"),
-                ("CNI_ARGS", "IgnoreUnknown=1"),
-                ("CNI_PATH", "/usr/lib/cni"),
-            ],
-            &serde_json::to_vec(&stdin).unwrap(),
-        )
+        let (env, stdin) = p.shim_call(cmd, "sandboxed-1", &ns.path);
+        support::shim::run(env, &stdin)
     };
     let add = call("ADD");
     assert_eq!(
@@ -535,17 +546,13 @@ fn real_plugins_should_work_under_the_unit_sandbox() {
     let eth0 = ns.iface("eth0").expect("no eth0 in the namespace");
     assert!(eth0.has_addr(&addr), "{eth0:?}");
     assert!(store.join(addr.split('/').next().unwrap()).exists());
-    assert!(work
-        .join("state/plexus/attachments/sandboxed-1.json")
-        .exists());
+    assert!(records.join("sandboxed-1.json").exists());
 
     let del = call("DEL");
     assert_eq!(del.code, Some(0), "{del:?}");
     assert!(!ns.has_link("eth0"));
     assert!(!store.join(addr.split('/').next().unwrap()).exists());
-    assert!(!work
-        .join("state/plexus/attachments/sandboxed-1.json")
-        .exists());
+    assert!(!records.join("sandboxed-1.json").exists());
 }
 
 /// A daemon killed by SIGKILL in the middle of an ADD: systemd kills the
@@ -578,41 +585,13 @@ fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
     );
     std::fs::write(bin.join("slow"), fake).unwrap();
     std::fs::set_permissions(bin.join("slow"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let conf = work.join("net.d");
-    std::fs::create_dir_all(&conf).unwrap();
-    std::fs::write(
-        conf.join("10-slow.conflist"),
-        r#"{"cniVersion":"1.0.0","name":"slow","plugins":[{"type":"slow"}]}"#,
-    )
-    .unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(work.join("daemon-config.json")).unwrap()).unwrap();
-    cfg["confDir"] = serde_json::json!(conf);
-    cfg["binDir"] = serde_json::json!(bin);
-    cfg["stateDir"] = serde_json::json!(work.join("state/plexus"));
-    cfg["clusterNetwork"] = serde_json::json!("slow");
-    std::fs::write(
-        work.join("daemon-config.json"),
-        serde_json::to_vec(&cfg).unwrap(),
-    )
-    .unwrap();
-    p.m.systemctl_ok(&["start", SOCKET]);
-
-    let stdin = serde_json::to_vec(&serde_json::json!({
-        "cniVersion": "1.0.0", "name": "plexus", "type": "plexus-shim",
-        "daemonSocketDir": p.sock.parent().unwrap(),
-    }))
-    .unwrap();
-    let env = |cmd: &'static str| {
-        vec![
-            ("CNI_COMMAND", cmd.to_string()),
-            ("CNI_CONTAINERID", "killed-1".to_string()),
-            ("CNI_NETNS", ns.path.clone()),
-            ("CNI_IFNAME", "eth0".to_string()),
-            ("CNI_PATH", "/usr/lib/cni".to_string()),
-        ]
-    };
-    let add = support::shim::spawn(env("ADD"), &stdin);
+    let records = p.serve_network(
+        serde_json::json!({"cniVersion": "1.0.0", "name": "slow", "plugins": [{"type": "slow"}]}),
+        &bin,
+    );
+    let (add_env, stdin) = p.shim_call("ADD", "killed-1", &ns.path);
+    let (del_env, _) = p.shim_call("DEL", "killed-1", &ns.path);
+    let add = support::shim::spawn(add_env, &stdin);
     let started = support::systemd::poll_until(STATE_TIMEOUT, || marker.exists());
     assert!(
         started,
@@ -631,10 +610,10 @@ fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
 
     // The next call reaches a new daemon (socket activation), whose DEL
     // works from the record the killed one wrote before the plugin ran.
-    let del = support::shim::run(env("DEL"), &stdin);
+    let del = support::shim::run(del_env, &stdin);
     assert_eq!(del.code, Some(0), "{del:?}\n{}", p.m.describe_failure());
     assert_ne!(p.main_pid(), first);
     let dels = std::fs::read_to_string(&del_log).unwrap_or_default();
     assert_eq!(dels.trim(), "DEL killed-1");
-    assert!(!work.join("state/plexus/attachments/killed-1.json").exists());
+    assert!(!records.join("killed-1.json").exists());
 }

@@ -413,6 +413,25 @@ impl Engine {
         errors
     }
 
+    /// DEL of one recorded network of attachment `att`, with the network
+    /// config it was added with and `prev` as prevResult; the errors.
+    async fn del_recorded(
+        &self,
+        inv: &Invocation,
+        netns: &str,
+        att: &Attachment,
+        d: &Delegate,
+        prev: Option<&Value>,
+    ) -> Vec<Error> {
+        let list = match recorded_list(d) {
+            Ok(l) => l,
+            Err(e) => return vec![Error::config(e)],
+        };
+        let env = self.call_env(Command::Del, inv, &d.ifname, netns);
+        self.del_chain(&list, &env, &att.capability_args, prev)
+            .await
+    }
+
     async fn load_record(&self, id: &str) -> Result<Option<Record>, Error> {
         let store = self.store.clone();
         let id = id.to_string();
@@ -526,22 +545,12 @@ impl Engine {
             if d.state == State::Pending {
                 continue;
             }
-            let list = match recorded_list(d) {
-                Ok(l) => l,
-                Err(e) => {
-                    errors.push(Error::config(e));
-                    continue;
-                }
-            };
             let prev = if j == failed && d.state != State::Added {
                 partial.as_ref()
             } else {
                 d.result.as_ref()
             };
-            let env = self.call_env(Command::Del, inv, &d.ifname, &inv.netns);
-            let errs = self
-                .del_chain(&list, &env, &att.capability_args, prev)
-                .await;
+            let errs = self.del_recorded(inv, &inv.netns, &att, d, prev).await;
             if errs.is_empty() {
                 record.attachments[slot].delegates[j].state = State::Pending;
             }
@@ -603,17 +612,8 @@ impl Engine {
             if d.state == State::Pending {
                 continue;
             }
-            let list = match recorded_list(d) {
-                Ok(l) => l,
-                Err(e) => {
-                    errors.push(Error::config(e));
-                    left.push(d.clone());
-                    continue;
-                }
-            };
-            let env = self.call_env(Command::Del, &inv, &d.ifname, netns);
             let errs = self
-                .del_chain(&list, &env, &att.capability_args, d.result.as_ref())
+                .del_recorded(&inv, netns, &att, d, d.result.as_ref())
                 .await;
             if !errs.is_empty() {
                 left.push(d.clone());

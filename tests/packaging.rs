@@ -44,6 +44,18 @@ fn stdout(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&run(cmd).stdout).into_owned()
 }
 
+/// Asserts that `plexusd --check-config` accepts `config`; returns it.
+fn valid_config(plexusd: &Path, config: &Path) -> serde_json::Value {
+    let check = stdout(
+        Command::new(plexusd)
+            .arg("--config")
+            .arg(config)
+            .arg("--check-config"),
+    );
+    assert!(check.contains("configuration is valid"), "{check}");
+    serde_json::from_slice(&std::fs::read(config).unwrap()).unwrap()
+}
+
 /// The built packages, building them first when they are missing.
 fn packages() -> &'static (PathBuf, PathBuf) {
     static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
@@ -197,15 +209,7 @@ fn deb_should_unpack_into_a_root_with_everything_in_place() {
     );
 
     // The default configuration is valid and names Debian's paths.
-    let config = r("/etc/plexus/daemon-config.json");
-    let check = stdout(
-        Command::new(r("/usr/bin/plexusd"))
-            .arg("--config")
-            .arg(&config)
-            .arg("--check-config"),
-    );
-    assert!(check.contains("configuration is valid"), "{check}");
-    let cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    let cfg = valid_config(&r("/usr/bin/plexusd"), &r("/etc/plexus/daemon-config.json"));
     assert_eq!(cfg["binDir"], "/usr/lib/cni");
     assert_eq!(cfg["confDir"], "/etc/cni/net.d");
     // The installed shim is a working CNI plugin.
@@ -279,15 +283,10 @@ fn rpm_should_list_the_fedora_layout() {
     assert!(!scripts.contains("restart plexusd.socket"), "{scripts}");
     // The RPM's default configuration (packaging/rpm/daemon-config.json)
     // is valid and names Fedora's plugin directory.
-    let source = repo().join("packaging/rpm/daemon-config.json");
-    let check = stdout(
-        Command::new(env!("CARGO_BIN_EXE_plexusd"))
-            .arg("--config")
-            .arg(&source)
-            .arg("--check-config"),
+    let cfg = valid_config(
+        Path::new(env!("CARGO_BIN_EXE_plexusd")),
+        &repo().join("packaging/rpm/daemon-config.json"),
     );
-    assert!(check.contains("configuration is valid"), "{check}");
-    let cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&source).unwrap()).unwrap();
     assert_eq!(cfg["binDir"], "/usr/libexec/cni");
 }
 

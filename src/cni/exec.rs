@@ -614,13 +614,17 @@ impl Reaper {
         Self { pid: Some(pid) }
     }
 
-    /// Reaps the exited child: never blocks, the child is known to have
-    /// exited.
+    /// Reaps the exited child without blocking; `None` if it cannot.
     fn reap(mut self, child: &mut Child) -> Option<std::process::ExitStatus> {
-        self.pid = None;
         match child.try_wait() {
-            Ok(Some(s)) => Some(s),
-            _ => child.wait().ok(),
+            Ok(Some(s)) => {
+                self.pid = None;
+                Some(s)
+            }
+            // Not expected once the exit was seen; never wait here (this
+            // runs on the async runtime): Drop kills and reaps it on the
+            // blocking pool instead.
+            _ => None,
         }
     }
 }

@@ -147,6 +147,44 @@ impl ExecError {
     }
 }
 
+/// A plugin's process group, identified against pid reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    /// The plugin's pid, which is also its process group id.
+    pub pgid: i32,
+    /// Field 22 of /proc/<pid>/stat (clock ticks since boot) of the leader.
+    pub start_time: u64,
+}
+
+/// Where the runner notes each plugin's process group before the plugin is
+/// given its stdin, so that a later daemon can kill what a crashed one left.
+pub trait Journal: Send + Sync + std::fmt::Debug + 'static {
+    /// Blocking (runs on the blocking pool). Called right after the spawn and
+    /// before a single byte of stdin is written. An error fails the call: the
+    /// plugin is killed and reaped without having read its config.
+    fn started(&self, container_id: &str, group: Group) -> io::Result<()>;
+    /// Blocking. Called once the group has been killed and the plugin reaped
+    /// (also when the call's future is dropped half-way).
+    fn finished(&self, container_id: &str, group: Group);
+}
+
+/// The start time of `pid` (field 22 of /proc/<pid>/stat), if it exists.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let _ = pid;
+    None
+}
+
+/// Kills a group recorded by an earlier daemon: SIGKILL to the group if its
+/// leader is still the recorded process (same start time), or, when the
+/// leader is gone, to members of that group that started no earlier than the
+/// leader; then waits, up to `wait`, until no live (non-zombie) member
+/// remains. Blocking. Ok(true) when something was killed, Ok(false) when
+/// nothing of the group was left, Err when members survived `wait`.
+pub fn kill_stale_group(group: Group, wait: Duration) -> io::Result<bool> {
+    let _ = (group, wait);
+    Ok(false)
+}
+
 /// A located plugin binary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plugin {
@@ -175,6 +213,7 @@ pub struct Runner {
     timeout: Duration,
     versions: Mutex<HashMap<PathBuf, (Stamp, VersionCell)>>,
     metrics: Option<Arc<Metrics>>,
+    journal: Option<Arc<dyn Journal>>,
 }
 
 impl Runner {
@@ -195,7 +234,14 @@ impl Runner {
             timeout,
             versions: Mutex::new(HashMap::new()),
             metrics,
+            journal: None,
         }
+    }
+
+    /// Notes every plugin run that has a container id in `journal`.
+    pub fn with_journal(mut self, journal: Arc<dyn Journal>) -> Self {
+        self.journal = Some(journal);
+        self
     }
 
     pub fn timeout(&self) -> Duration {

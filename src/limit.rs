@@ -2,7 +2,9 @@
 //! requests processed at once, with a bounded FIFO wait for a slot.
 //!
 //! Slots are taken only once a request has fully arrived, so an idle or
-//! slow client never holds one.
+//! slow client never holds one. A slot is then held by the work, not the
+//! connection: the [`Permit`] moves into the task that runs the plugins and
+//! is freed when they are done, even if the client hung up long before.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -43,7 +45,8 @@ pub struct Admission {
     metrics: Arc<Metrics>,
 }
 
-/// Held while a request is processed; frees its slot when dropped.
+/// Owned by the task doing a request's CNI work; frees its slot (and
+/// counts the work out of the in-flight gauge) when dropped.
 #[derive(Debug)]
 pub struct Permit {
     _slot: Option<OwnedSemaphorePermit>,

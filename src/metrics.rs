@@ -101,7 +101,7 @@ impl Metrics {
             );
             reg.register(
                 "requests_in_flight",
-                "CNI requests being processed",
+                "CNI operations being processed, counted until their plugins finish even when the client has gone",
                 in_flight.clone(),
             );
             reg.register(

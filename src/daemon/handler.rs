@@ -6,7 +6,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use tracing::Instrument;
 
 use crate::api::{self, code};
 use crate::cni::types::{Command, Invocation};
@@ -54,20 +53,9 @@ impl Networks {
 
 impl Handler for Networks {
     async fn cni(&self, request: api::Request) -> Result<Reply, Failure> {
-        let this = self.clone();
-        // The work runs in its own task: a client that goes away must not
-        // cut an ADD or DEL short half-way through its plugins.
-        let task = tokio::spawn(
-            async move { this.serve(request).await }.instrument(tracing::Span::current()),
-        );
-        match task.await {
-            Ok(r) => r,
-            Err(e) => Err(Failure::new(
-                FailureKind::Internal,
-                code::INTERNAL,
-                format!("the request task failed: {e}"),
-            )),
-        }
+        // The server already runs this in a task of its own that outlives
+        // the client's connection.
+        self.serve(request).await
     }
 
     async fn delegate(&self, _request: api::Request) -> Result<Reply, Failure> {

@@ -22,9 +22,11 @@ use crate::server::{self, Failure, FailureKind, Handler, Reply, Shared};
 /// Settings of the lifecycle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// How long in-flight requests may take to finish after a stop request.
+    /// How long open connections and CNI work in flight may take to finish
+    /// after a stop request.
     pub shutdown_timeout: Duration,
-    /// Exit after this long without connections or requests (off: `None`).
+    /// Exit after this long without connections, requests or CNI work
+    /// (off: `None`).
     pub idle_timeout: Option<Duration>,
     /// TCP port for `/metrics` besides the unix socket (off: `None`).
     pub metrics_port: Option<u16>,
@@ -165,9 +167,10 @@ pub async fn run<H: Handler>(
     if let Some(t) = watchdog_task {
         t.abort();
     }
-    if drained.abandoned > 0 {
+    if drained.abandoned > 0 || drained.unfinished > 0 {
         warn!(
-            abandoned = drained.abandoned,
+            connections = drained.abandoned,
+            work = drained.unfinished,
             "stopped with requests unfinished"
         );
     }
@@ -270,7 +273,9 @@ fn spawn_idle_watch<H: Handler>(
                 _ = trigger.cancelled() => return,
                 _ = tokio::time::sleep(wait.max(Duration::from_millis(10))) => {}
             }
+            // Work whose client has gone keeps the daemon busy too.
             let busy = shared.metrics.connections_open.get() > 0
+                || shared.work.in_flight() > 0
                 || shared.metrics.in_flight.get() > 0
                 || shared.metrics.queued.get() > 0;
             if !busy && shared.activity.idle_for() >= idle {

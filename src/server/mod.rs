@@ -1,12 +1,19 @@
 //! HTTP/1.1 on the listening sockets: the accept loop, one request per
 //! connection, read timeouts, and the graceful drain. It calls a
 //! [`Handler`] for CNI work and knows nothing of systemd or CNI internals.
+//!
+//! The unit of accounting is the work, not the connection: an admitted CNI
+//! request runs in a task of its own ([`Work`]) that owns the admission
+//! permit until the handler returns. A client that hangs up does not cut
+//! the work short, and does not free its slot early either; the drain and
+//! the idle timer wait for that task.
 
 mod routes;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use hyper::server::conn::http1;
@@ -14,10 +21,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::api;
-use crate::limit::{Admission, ConnectionLimit};
+use crate::limit::{Admission, ConnectionLimit, Permit};
 use crate::metrics::Metrics;
 
 /// Settings of this module.
@@ -96,6 +103,8 @@ pub struct Shared<H> {
     pub admission: Admission,
     pub metrics: Arc<Metrics>,
     pub activity: Activity,
+    /// CNI work in flight, whether or not its client is still connected.
+    pub work: Work,
     draining: AtomicBool,
 }
 
@@ -107,6 +116,7 @@ impl<H> Shared<H> {
             admission,
             metrics,
             activity: Activity::new(),
+            work: Work::new(),
             draining: AtomicBool::new(false),
         }
     }
@@ -119,6 +129,135 @@ impl<H> Shared<H> {
     /// Marks the server as draining ahead of the stop of the accept loops.
     pub fn begin_drain(&self) {
         self.draining.store(true, Ordering::Release);
+    }
+}
+
+impl<H: Handler> Shared<H> {
+    /// Runs an admitted request in a task of its own that owns `permit`
+    /// and is tracked by [`Work`]; the connection awaits the handle.
+    ///
+    /// Dropping the handle (the client hung up) leaves the work running:
+    /// an ADD or DEL must not stop half-way through its plugins, and its
+    /// slot stays taken until the plugins are done.
+    fn spawn_work(
+        self: &Arc<Self>,
+        call: Call,
+        request: api::Request,
+        permit: Permit,
+        span: tracing::Span,
+    ) -> tokio::task::JoinHandle<Result<Reply, Failure>> {
+        let entry = self.work.start(
+            request.env_var("CNI_CONTAINERID").unwrap_or(""),
+            request.env_var("CNI_COMMAND").unwrap_or(""),
+            call,
+        );
+        let shared = self.clone();
+        self.work.tracker.spawn(
+            async move {
+                // Dropped in reverse order, also on a panic: the entry
+                // (and the activity touch) first, then the slot.
+                let _permit = permit;
+                let _entry = Finished {
+                    shared: &shared,
+                    id: entry,
+                };
+                match call {
+                    Call::Delegate => shared.handler.delegate(request).await,
+                    Call::Cni => shared.handler.cni(request).await,
+                }
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// Which handler method a piece of work runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Cni,
+    Delegate,
+}
+
+/// CNI work in flight: the tasks that own an admission permit and run the
+/// handler, with what each is doing (for the log when the drain runs out
+/// of time).
+#[derive(Debug)]
+pub struct Work {
+    tracker: TaskTracker,
+    running: Mutex<BTreeMap<u64, Running>>,
+    next_id: AtomicU64,
+}
+
+/// One piece of work not finished yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    /// `CNI_CONTAINERID` of the request (may be empty, e.g. for GC).
+    pub container_id: String,
+    /// `CNI_COMMAND` of the request, or `/delegate`.
+    pub command: String,
+    pub started: Instant,
+}
+
+impl Work {
+    fn new() -> Self {
+        Self {
+            tracker: TaskTracker::new(),
+            running: Mutex::new(BTreeMap::new()),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// Pieces of work whose task has not ended.
+    pub fn in_flight(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// What is still running, oldest first.
+    pub fn running(&self) -> Vec<Running> {
+        // Entries are plain data: a panic elsewhere cannot leave one half
+        // written, so a poisoned lock is still good to read.
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running.values().cloned().collect()
+    }
+
+    fn start(&self, container_id: &str, command: &str, call: Call) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let command = match call {
+            Call::Cni => command.to_string(),
+            Call::Delegate => format!("{command} (/delegate)"),
+        };
+        let entry = Running {
+            container_id: container_id.to_string(),
+            command,
+            started: Instant::now(),
+        };
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, entry);
+        id
+    }
+
+    fn finish(&self, id: u64) {
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+    }
+}
+
+/// Marks a piece of work finished however its task ends.
+struct Finished<'a, H> {
+    shared: &'a Shared<H>,
+    id: u64,
+}
+
+impl<H> Drop for Finished<'_, H> {
+    fn drop(&mut self) {
+        self.shared.work.finish(self.id);
+        // The idle timer counts from the end of the work, not from the
+        // end of a connection that may have gone long before.
+        self.shared.activity.touch();
     }
 }
 
@@ -149,7 +288,8 @@ impl Activity {
         self.touch();
     }
 
-    /// Time since the last connection opened or request finished.
+    /// Time since the last connection opened, request was answered or
+    /// piece of work ended.
     pub fn idle_for(&self) -> Duration {
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
         self.start.elapsed().saturating_sub(last)
@@ -166,10 +306,12 @@ impl Activity {
 pub struct Drained {
     /// Connections still open when the grace period ran out (0: clean).
     pub abandoned: usize,
+    /// Pieces of CNI work still running when the grace period ran out.
+    pub unfinished: usize,
 }
 
 /// Serves `listeners` until `stop` is cancelled, then stops accepting and
-/// lets open connections finish within `grace`.
+/// lets open connections and CNI work finish within `grace`.
 ///
 /// With `drain_backlog`, connections already waiting in the listen backlog
 /// when `stop` fires are accepted and served too (the socket is ours alone);
@@ -201,20 +343,43 @@ pub async fn run<H: Handler>(
     // it is served, not closed; the read timeout bounds silent ones.
     shared.draining.store(true, Ordering::Release);
     tracker.close();
+    shared.work.tracker.close();
     let open = tracker.len();
-    if open > 0 {
-        info!(open, grace = ?grace, "draining open connections");
+    let work = shared.work.in_flight();
+    if open > 0 || work > 0 {
+        info!(connections = open, work, grace = ?grace, "draining open connections and CNI work");
     }
-    match tokio::time::timeout(grace, tracker.wait()).await {
-        Ok(()) => Drained { abandoned: 0 },
+    // One grace period for both: connections first (each waits for its own
+    // work), then work whose client has gone.
+    let deadline = tokio::time::Instant::now() + grace;
+    let abandoned = match tokio::time::timeout_at(deadline, tracker.wait()).await {
+        Ok(()) => 0,
+        Err(_) => tracker.len(),
+    };
+    let unfinished = match tokio::time::timeout_at(deadline, shared.work.tracker.wait()).await {
+        Ok(()) => 0,
         Err(_) => {
-            let abandoned = tracker.len();
-            warn!(
-                abandoned,
-                "shutdown timeout reached with requests still in flight"
-            );
-            Drained { abandoned }
+            let running = shared.work.running();
+            for r in &running {
+                warn!(
+                    container_id = %r.container_id,
+                    command = %r.command,
+                    running_for = ?r.started.elapsed(),
+                    "shutdown timeout reached with CNI work unfinished; it is cut off"
+                );
+            }
+            running.len().max(shared.work.in_flight())
         }
+    };
+    if abandoned > 0 {
+        warn!(
+            abandoned,
+            "shutdown timeout reached with connections still open"
+        );
+    }
+    Drained {
+        abandoned,
+        unfinished,
     }
 }
 

@@ -12,7 +12,7 @@ use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use tracing::{info_span, warn, Instrument};
 
-use super::{Failure, FailureKind, Handler, Reply, Shared};
+use super::{Call, Failure, FailureKind, Handler, Reply, Shared};
 use crate::api::{self, code, CniError};
 use crate::metrics::{LatencyLabels, MultusLabels, RejectLabels, RequestLabels};
 
@@ -248,7 +248,7 @@ async fn read_body<H>(
 }
 
 async fn cni<H: Handler>(
-    shared: &Shared<H>,
+    shared: &Arc<Shared<H>>,
     endpoint: Endpoint,
     body: Bytes,
     command: &mut &'static str,
@@ -275,8 +275,14 @@ async fn cni<H: Handler>(
         netns = request.env_var("CNI_NETNS").unwrap_or(""),
         ifname = request.env_var("CNI_IFNAME").unwrap_or(""),
     );
+    let call = match endpoint {
+        Endpoint::Delegate => Call::Delegate,
+        _ => Call::Cni,
+    };
     async move {
-        let _permit = match shared.admission.admit().await {
+        // A client that hangs up while queued gives up its place: nothing
+        // has started yet. Once admitted, the permit moves into the work.
+        let permit = match shared.admission.admit().await {
             Ok(p) => p,
             Err(e) => {
                 warn!(cause = %e, "request not admitted");
@@ -287,9 +293,14 @@ async fn cni<H: Handler>(
                 ));
             }
         };
-        let result = match endpoint {
-            Endpoint::Delegate => shared.handler.delegate(request).await,
-            _ => shared.handler.cni(request).await,
+        let work = shared.spawn_work(call, request, permit, tracing::Span::current());
+        let result = match work.await {
+            Ok(r) => r,
+            Err(e) => Err(Failure::new(
+                FailureKind::Internal,
+                code::INTERNAL,
+                format!("the CNI work failed: {e}"),
+            )),
         };
         match result {
             Ok(Reply::Done) => Outcome::Empty,

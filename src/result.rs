@@ -3,19 +3,30 @@
 //! Results of the 0.3.0, 0.3.1 and 0.4.0 family and of the 1.0.0 / 1.1.0
 //! family share one shape; they differ in `ips[].version` (0.x only) and in
 //! the interface fields 1.1.0 added. [`Success`] is that shape as a typed
-//! struct whose field order and omit rules are those of libcni's Go types,
-//! so a converted result prints exactly as a Go plugin or the multus shim
-//! prints it. Parsing is lenient like libcni: unknown keys are dropped,
-//! `null` reads as absent, and an address's family is worked out from the
-//! address rather than trusted from `version`.
+//! struct. Parsing is lenient like libcni: unknown keys are dropped, `null`
+//! reads as absent, and an address's family is worked out from the address
+//! rather than trusted from `version`.
+//!
+//! Output follows libcni's Go types, which print the two families
+//! differently, so a converted result prints exactly as a Go plugin or the
+//! multus shim prints it:
+//! - 0.x: keys in struct order, `dns` always present (`{}` when empty);
+//! - 1.x: libcni re-marshals the result through a map to leave out an empty
+//!   `dns`, so every object's keys come out sorted and `dns` is absent when
+//!   empty.
+//!
+//! Strings are escaped as Go's encoding/json escapes them (`<`, `>`, `&`,
+//! U+2028 and U+2029 as `\u` sequences).
 //!
 //! This module depends on nothing else in the crate (the shim and the CNI
 //! engine both use it) and on nothing heavier than serde.
 
 use std::cmp::Ordering;
 use std::fmt;
+use std::io;
 
 use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::ser::{Formatter, PrettyFormatter};
 use serde_json::Value;
 
 /// Result versions this module reads and writes, oldest first.
@@ -105,8 +116,9 @@ fn is_pre_1_0(version: &str) -> bool {
 
 /// Converts a result (with its own `cniVersion`) to version `to`.
 ///
-/// The returned `Value` has the right content; its key order is serde_json's.
-/// Use [`Success`] directly when the printed key order matters.
+/// The returned `Value` has the right content and, like every `Value`,
+/// sorted keys: the 1.x print order, not the 0.x one. Use
+/// [`Success::to_pretty`] when the printed form matters.
 pub fn convert(result: &Value, to: &str) -> Result<Value> {
     Ok(Success::from_value(result)?.convert(to)?.to_value())
 }
@@ -134,7 +146,8 @@ pub struct Success {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub routes: Vec<Route>,
-    /// Always printed, `{}` when empty, as libcni's Go types do.
+    /// Printed as `{}` when empty at 0.x; left out when empty at 1.x (see
+    /// [`Success::to_value`]), as libcni's Go types do.
     #[serde(default, deserialize_with = "nullable")]
     pub dns: Dns,
 }
@@ -345,29 +358,119 @@ impl Success {
         Ok(self)
     }
 
-    /// The result as a JSON value.
+    /// The result as a JSON value, with libcni's content for its version:
+    /// at 1.x an empty `dns` is left out (libcni's `Result.MarshalJSON`),
+    /// at 0.x it is `{}`.
     pub fn to_value(&self) -> Value {
         // Strings, integers and vectors of them always serialise.
-        serde_json::to_value(self).unwrap_or(Value::Null)
+        let mut value = serde_json::to_value(self).unwrap_or(Value::Null);
+        if !is_pre_1_0(&self.cni_version) && self.dns == Dns::default() {
+            if let Value::Object(map) = &mut value {
+                map.remove("dns");
+            }
+        }
+        value
     }
 
-    /// The result as Go plugins and the multus shim print it: 4-space
-    /// indentation, keys in spec order, no trailing newline.
+    /// The result as Go plugins and the multus shim print it at its
+    /// version: 4-space indentation, no trailing newline; keys in struct
+    /// order at 0.x, sorted at 1.x (see the module docs).
     pub fn to_pretty(&self) -> Vec<u8> {
-        to_pretty(self)
+        if is_pre_1_0(&self.cni_version) {
+            to_pretty(self)
+        } else {
+            // A Value's map is ordered by key: the order Go's map encoding
+            // gives.
+            to_pretty(&self.to_value())
+        }
     }
 }
 
 /// Serialises `value` with 4-space indentation and no trailing newline, as
-/// Go's `json.MarshalIndent(v, "", "    ")` does.
+/// Go's `json.MarshalIndent(v, "", "    ")` does, Go's string escapes
+/// included.
 pub fn to_pretty<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     let mut out = Vec::with_capacity(512);
-    let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let fmt = GoFormatter(PrettyFormatter::with_indent(b"    "));
     let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
     // Writing into a Vec cannot fail and these types always serialise;
     // on the impossible error the output is whatever was written.
     let _ = value.serialize(&mut ser);
     out
+}
+
+/// serde_json's pretty printer plus the escapes Go's encoding/json adds to
+/// serde_json's: `<`, `>` and `&` (HTML safety) and U+2028, U+2029
+/// (JavaScript line terminators). Control characters, quotes and
+/// backslashes are escaped the same way by both already.
+struct GoFormatter<'a>(PrettyFormatter<'a>);
+
+impl Formatter for GoFormatter<'_> {
+    fn write_string_fragment<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> io::Result<()> {
+        let mut start = 0;
+        for (i, c) in fragment.char_indices() {
+            let escaped = match c {
+                '<' => "\\u003c",
+                '>' => "\\u003e",
+                '&' => "\\u0026",
+                '\u{2028}' => "\\u2028",
+                '\u{2029}' => "\\u2029",
+                _ => continue,
+            };
+            writer.write_all(&fragment.as_bytes()[start..i])?;
+            writer.write_all(escaped.as_bytes())?;
+            start = i + c.len_utf8();
+        }
+        writer.write_all(&fragment.as_bytes()[start..])
+    }
+
+    fn begin_array<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.0.begin_array(writer)
+    }
+
+    fn end_array<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.0.end_array(writer)
+    }
+
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.0.begin_array_value(writer, first)
+    }
+
+    fn end_array_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.0.end_array_value(writer)
+    }
+
+    fn begin_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.0.begin_object(writer)
+    }
+
+    fn end_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.0.end_object(writer)
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.0.begin_object_key(writer, first)
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.0.begin_object_value(writer)
+    }
+
+    fn end_object_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.0.end_object_value(writer)
+    }
 }
 
 /// `"4"` or `"6"` for an address in CIDR (or plain) notation.
@@ -454,8 +557,10 @@ mod tests {
         let out = convert(&old, "1.0.0").unwrap();
         assert_eq!(
             out,
-            json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24", "gateway": "10.0.0.1"}], "dns": {}})
+            json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24", "gateway": "10.0.0.1"}]})
         );
+        // Back at 0.x the empty dns is there again.
+        assert_eq!(convert(&out, "0.3.1").unwrap()["dns"], json!({}));
     }
 
     #[test]
@@ -523,7 +628,11 @@ mod tests {
                        "extra": null});
         assert_eq!(
             convert(&v, "1.0.0").unwrap(),
-            json!({"cniVersion": "1.0.0", "dns": {}})
+            json!({"cniVersion": "1.0.0"})
+        );
+        assert_eq!(
+            convert(&v, "0.4.0").unwrap(),
+            json!({"cniVersion": "0.4.0", "dns": {}})
         );
     }
 
@@ -545,6 +654,80 @@ mod tests {
             .to_pretty();
         let expected = "{\n    \"cniVersion\": \"0.3.1\",\n    \"interfaces\": [\n        {\n            \"name\": \"lo\",\n            \"mac\": \"00:00:00:00:00:00\",\n            \"sandbox\": \"/run/netns/n\"\n        }\n    ],\n    \"ips\": [\n        {\n            \"version\": \"4\",\n            \"interface\": 0,\n            \"address\": \"127.0.0.1/8\"\n        }\n    ],\n    \"dns\": {}\n}";
         assert_eq!(String::from_utf8(out).unwrap(), expected);
+    }
+
+    #[test]
+    fn pretty_output_at_1_x_should_sort_keys_and_drop_an_empty_dns_like_libcni() {
+        // libcni 1.x prints through Result.MarshalJSON, which re-marshals a
+        // map: every object's keys sorted, an empty dns left out.
+        let mut v = rich_1_1();
+        v["dns"] = json!({});
+        for version in ["1.0.0", "1.1.0"] {
+            let out = Success::from_value(&v)
+                .unwrap()
+                .convert(version)
+                .unwrap()
+                .to_pretty();
+            let expected = format!(
+                r#"{{
+    "cniVersion": "{version}",
+    "interfaces": [
+        {{
+            "mac": "a2:6b:1c:3d:4e:5f",
+            "name": "br0"
+        }},
+        {{
+            "mac": "0a:58:0a:f4:01:05",
+            "mtu": 1400,
+            "name": "eth0",
+            "pciID": "0000:04:00.5",
+            "sandbox": "/run/netns/x",
+            "socketPath": "/run/vhost.sock"
+        }}
+    ],
+    "ips": [
+        {{
+            "address": "10.244.1.5/24",
+            "gateway": "10.244.1.1",
+            "interface": 1
+        }},
+        {{
+            "address": "fd00::5/64",
+            "interface": 1
+        }}
+    ],
+    "routes": [
+        {{
+            "dst": "0.0.0.0/0",
+            "gw": "10.244.1.1",
+            "mtu": 1300,
+            "scope": 253,
+            "table": 0
+        }}
+    ]
+}}"#
+            );
+            assert_eq!(String::from_utf8(out).unwrap(), expected, "{version}");
+        }
+        // A dns with content stays, its keys sorted too.
+        let out = Success::from_value(&rich_1_1()).unwrap().to_pretty();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with("{\n    \"cniVersion\": \"1.1.0\",\n    \"dns\": {\n        \"nameservers\": [\n            \"10.96.0.10\"\n        ],\n        \"search\": ["),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn pretty_output_should_escape_strings_as_go_does() {
+        let v = json!({"cniVersion": "0.4.0",
+                       "interfaces": [{"name": "a<b>&c\u{2028}d\u{2029}\"\\\n\u{1}é"}]});
+        let out = Success::from_value(&v).unwrap().to_pretty();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains(r#""name": "a\u003cb\u003e\u0026c\u2028d\u2029\"\\\n\u0001é""#),
+            "{text}"
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The CNI plugin side of Plexus (`plexus-shim`): checks the call the way
-//! CNI skel does, forwards it to plexusd as `POST /cni {"env", "config"}`
-//! over the unix socket, and turns the answer into CNI output.
+//! CNI skel does, forwards it to the daemon (plexusd, or a multus daemon)
+//! as `POST /cni {"env", "config"}` over the unix socket, and turns the
+//! answer into CNI output: an ADD answer is the daemon's result (1.1.0 from
+//! both daemons) converted to the shim config's `cniVersion`.
 //!
 //! The shim must stay small and start fast: it uses std, serde_json and
 //! base64 (through [`api`]), [`result`] and the std-only [`duration`]
@@ -428,7 +430,7 @@ impl Client<'_> {
             (Err(_), Err(e)) => Err(CniError::new(
                 code::TRY_AGAIN_LATER,
                 format!(
-                    "the connection to plexusd at {} failed before the request was sent ({e}); try again later",
+                    "the connection to the daemon at {} failed before the request was sent ({e}); try again later",
                     self.path()
                 ),
             )),
@@ -453,13 +455,13 @@ impl Client<'_> {
             if !is_transient(&err) {
                 return Err(CniError::new(
                     code::IO_FAILURE,
-                    format!("cannot connect to plexusd at {}: {err}", self.path()),
+                    format!("cannot connect to the daemon at {}: {err}", self.path()),
                 ));
             }
             if !waited {
                 waited = true;
                 let line = format!(
-                    "plexus-shim: waiting for plexusd at {}: {err}\n",
+                    "plexus-shim: waiting for the daemon at {}: {err}\n",
                     self.path()
                 );
                 // A closed stderr must not fail the call.
@@ -470,7 +472,7 @@ impl Client<'_> {
                 return Err(CniError::new(
                     code::TRY_AGAIN_LATER,
                     format!(
-                        "plexusd is not reachable at {}: {err} (retried for {}); try again later",
+                        "the daemon is not reachable at {}: {err} (retried for {}); try again later",
                         self.path(),
                         duration::format(until.saturating_duration_since(self.started))
                     ),
@@ -486,7 +488,7 @@ impl Client<'_> {
             ReadError::TimedOut => CniError::new(
                 code::NO_ANSWER,
                 format!(
-                    "no answer from plexusd at {} within {}",
+                    "no answer from the daemon at {} within {}",
                     self.path(),
                     duration::format(self.config.timeout)
                 ),
@@ -494,12 +496,18 @@ impl Client<'_> {
             .with_details("the request was sent; whether it took effect is unknown"),
             ReadError::Closed(why) => CniError::new(
                 code::NO_ANSWER,
-                format!("no complete answer from plexusd at {}: {why}", self.path()),
+                format!(
+                    "no complete answer from the daemon at {}: {why}",
+                    self.path()
+                ),
             )
             .with_details("the request was sent; whether it took effect is unknown"),
             ReadError::Io(err) => CniError::new(
                 code::NO_ANSWER,
-                format!("no complete answer from plexusd at {}: {err}", self.path()),
+                format!(
+                    "no complete answer from the daemon at {}: {err}",
+                    self.path()
+                ),
             )
             .with_details("the request was sent; whether it took effect is unknown"),
             ReadError::Garbage(why) => self.bad_answer(&why),
@@ -509,7 +517,7 @@ impl Client<'_> {
     fn bad_answer(&self, why: &str) -> CniError {
         CniError::new(
             code::BAD_ANSWER,
-            format!("invalid answer from plexusd at {}: {why}", self.path()),
+            format!("invalid answer from the daemon at {}: {why}", self.path()),
         )
     }
 
@@ -567,7 +575,7 @@ fn error_from(response: &Response) -> CniError {
         return CniError::new(
             code,
             format!(
-                "plexusd answered {} {} with an empty body",
+                "the daemon answered {} {} with an empty body",
                 response.status, response.reason
             ),
         );
@@ -578,7 +586,7 @@ fn error_from(response: &Response) -> CniError {
     };
     CniError::new(
         code,
-        format!("plexusd answered {}: {quoted}", response.status),
+        format!("the daemon answered {}: {quoted}", response.status),
     )
 }
 
@@ -1162,11 +1170,11 @@ mod tests {
         assert_eq!(e.code, 999);
         assert_eq!(
             e.msg,
-            "plexusd answered 400: could not extract: missing K8S_POD_NAME"
+            "the daemon answered 400: could not extract: missing K8S_POD_NAME"
         );
         let e = error_from(&resp(503, ""));
         assert_eq!(e.code, 11);
-        assert_eq!(e.msg, "plexusd answered 503 Whatever with an empty body");
+        assert_eq!(e.msg, "the daemon answered 503 Whatever with an empty body");
         let e = error_from(&resp(400, r#"{"code":7}"#));
         assert_eq!(e.code, 999, "no msg: quoted as text");
         let long = "x".repeat(10_000);

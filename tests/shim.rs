@@ -1,6 +1,7 @@
 //! The built `plexus-shim` against a daemon over a real unix socket: the
 //! library server with a recording handler for the success paths, the real
-//! `plexusd` for the error it answers today, and no daemon at all.
+//! `plexusd` (unconfigured, and with Debian's bridge + host-local), and no
+//! daemon at all.
 
 mod support;
 
@@ -16,8 +17,10 @@ use base64::Engine as _;
 use plexus::api::{self, CniError};
 use plexus::server::{Failure, FailureKind, Handler, Reply};
 use serde_json::{json, Value};
+use support::cni::{address, assert_sandbox_iface, bridge, conflist, ok, Call, Engine};
 use support::daemon::{Daemon, TestDir};
 use support::inproc::InProcess;
+use support::netns::{Link, Netns, Subnet};
 use support::shim::{finish, Run};
 
 const VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
@@ -249,18 +252,51 @@ fn add_output_should_match_go_formatting_byte_for_byte() {
 }"#;
     assert_eq!(run.success(), expected);
 
+    // At 1.x libcni prints through a map: keys sorted at every level, and
+    // an empty dns would be left out (this one has content).
     let run = shim(&env("ADD"), &conf("1.1.0", &s.sock, json!({})));
-    let out = run.success();
-    assert!(
-        out.contains(
-            "            \"name\": \"eth0\",\n            \"mac\": \"0a:58:0a:f4:01:05\",\n            \"mtu\": 1400,\n            \"sandbox\": \"/run/netns/shim-test\",\n            \"pciID\": \"0000:04:00.5\"\n"
-        ),
-        "{out}"
-    );
-    assert!(
-        out.contains("        {\n            \"interface\": 1,\n            \"address\": \"10.244.1.5/24\",\n            \"gateway\": \"10.244.1.1\"\n        }"),
-        "{out}"
-    );
+    let expected = r#"{
+    "cniVersion": "1.1.0",
+    "dns": {
+        "nameservers": [
+            "10.96.0.10"
+        ],
+        "search": [
+            "svc.cluster.local"
+        ]
+    },
+    "interfaces": [
+        {
+            "mac": "a2:6b:1c:3d:4e:5f",
+            "name": "cni0"
+        },
+        {
+            "mac": "0a:58:0a:f4:01:05",
+            "mtu": 1400,
+            "name": "eth0",
+            "pciID": "0000:04:00.5",
+            "sandbox": "/run/netns/shim-test"
+        }
+    ],
+    "ips": [
+        {
+            "address": "10.244.1.5/24",
+            "gateway": "10.244.1.1",
+            "interface": 1
+        },
+        {
+            "address": "fd00:10:244:1::5/64",
+            "interface": 1
+        }
+    ],
+    "routes": [
+        {
+            "dst": "0.0.0.0/0",
+            "gw": "10.244.1.1"
+        }
+    ]
+}"#;
+    assert_eq!(run.success(), expected);
 }
 
 #[test]
@@ -355,6 +391,58 @@ fn add_against_real_plexusd_should_pass_its_code_7_through() {
     assert_eq!(run.stderr, "", "the daemon was up: no waiting");
 }
 
+/// The shim through the real plexusd and Debian's bridge + host-local
+/// (a 0.3.1 network): the result is printed in the shim config's version,
+/// laid out as libcni lays out that version.
+#[test]
+fn add_through_real_plexusd_should_print_each_cni_version() {
+    let e = Engine::new("shim-real-versions");
+    let br = Link::planned("b");
+    let subnet = Subnet::new();
+    e.write_network(
+        "10-net.conflist",
+        &conflist(
+            "vers-net",
+            "0.3.1",
+            vec![bridge(&br.name, e.host_local(&subnet))],
+        ),
+    );
+    let d = e.start("d", "vers-net", "20s");
+    for version in ["0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let ns = Netns::new();
+        let id = format!("vers-{version}");
+        let call = Call::new("ADD", &id, &ns, "eth0").version(version);
+        let run = call.run(&d);
+        let v = ok(&d, &run);
+        let out = run.stdout.as_str();
+        assert_eq!(v["cniVersion"], version, "{out}");
+        let addr = address(&v);
+        assert!(subnet.holds(&addr), "{addr} not in {}", subnet.cidr());
+        assert!(ns.iface("eth0").unwrap().has_addr(&addr));
+        assert_sandbox_iface(&v, "eth0", &ns);
+        let pre_1_0 = version.starts_with("0.");
+        assert_eq!(v["ips"][0].get("version").is_some(), pre_1_0, "{out}");
+        if pre_1_0 {
+            assert_eq!(v["ips"][0]["version"], "4", "{out}");
+        }
+        // 0.x: struct order and an empty dns; 1.x: sorted keys, no dns.
+        assert_eq!(out.contains("\"dns\": {}"), pre_1_0, "{out}");
+        let (first, second) = if pre_1_0 {
+            ("\"name\"", "\"mac\"")
+        } else {
+            ("\"mac\"", "\"name\"")
+        };
+        assert!(out.find(first) < out.find(second), "{version}: {out}");
+        assert!(!out.ends_with('\n'));
+        ok(
+            &d,
+            &Call::new("DEL", &id, &ns, "eth0").version(version).run(&d),
+        );
+        assert!(!ns.has_link("eth0"));
+    }
+    assert_eq!(e.reservations("vers-net"), Vec::<String>::new());
+}
+
 #[test]
 fn shim_started_before_the_daemon_should_reach_it_once_it_listens() {
     let dir = TestDir::new("shim-late");
@@ -368,7 +456,7 @@ fn shim_started_before_the_daemon_should_reach_it_once_it_listens() {
     let mut line = String::new();
     stderr.read_line(&mut line).unwrap();
     assert!(
-        line.starts_with("plexus-shim: waiting for plexusd at ") && line.contains("plexus.sock"),
+        line.starts_with("plexus-shim: waiting for the daemon at ") && line.contains("plexus.sock"),
         "{line:?}"
     );
     let mut d = Daemon::start(&dir, "d", json!({}));
@@ -407,7 +495,7 @@ fn daemon_down_for_the_whole_connect_timeout_should_give_code_11() {
             assert!(msg.contains(sock.to_str().unwrap()), "{msg}");
             assert!(
                 run.stderr
-                    .starts_with("plexus-shim: waiting for plexusd at "),
+                    .starts_with("plexus-shim: waiting for the daemon at "),
                 "{run:?}"
             );
             assert!(started.elapsed() >= Duration::from_millis(200));
@@ -438,7 +526,7 @@ fn full_backlog_should_not_hold_the_shim_past_connect_timeout() {
         err["msg"].as_str().unwrap().contains("try again later"),
         "{run:?}"
     );
-    assert!(run.stderr.contains("waiting for plexusd"), "{run:?}");
+    assert!(run.stderr.contains("waiting for the daemon"), "{run:?}");
 }
 
 #[test]
@@ -534,7 +622,7 @@ fn add_with_an_invalid_result_should_give_code_102() {
         err["msg"]
             .as_str()
             .unwrap()
-            .contains("invalid answer from plexusd"),
+            .contains("invalid answer from the daemon"),
         "{run:?}"
     );
 }

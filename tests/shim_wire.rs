@@ -249,7 +249,7 @@ fn replayed_multus_text_error_should_give_a_clear_error_and_fail() {
     let err = run.error(999);
     assert_eq!(
         err["msg"],
-        "plexusd answered 400: could not extract the kubernetes runtime args: missing K8S_POD_NAME"
+        "the daemon answered 400: could not extract the kubernetes runtime args: missing K8S_POD_NAME"
     );
     let multus: Value =
         serde_json::from_slice(&fixture("shim-ADD-error-no-podname-stdout.txt")).unwrap();
@@ -289,7 +289,10 @@ fn garbage_answers_should_give_code_102() {
         let run = shim(&cni_env("ADD"), &conf(&server.sock, json!({})));
         let err = run.error(102);
         let msg = err["msg"].as_str().unwrap();
-        assert!(msg.starts_with("invalid answer from plexusd at "), "{msg}");
+        assert!(
+            msg.starts_with("invalid answer from the daemon at "),
+            "{msg}"
+        );
         assert!(msg.contains(server.sock.to_str().unwrap()), "{msg}");
         server.request();
     }
@@ -352,19 +355,19 @@ fn plain_text_errors_should_be_quoted_with_their_status() {
             "wire-500",
             b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\n  boom\n",
             999,
-            "plexusd answered 500: boom",
+            "the daemon answered 500: boom",
         ),
         (
             "wire-503text",
             b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
             11,
-            "plexusd answered 503 Service Unavailable with an empty body",
+            "the daemon answered 503 Service Unavailable with an empty body",
         ),
         (
             "wire-chunked",
             b"HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nbad r\r\n7\r\nequest\n\r\n0\r\n\r\n",
             999,
-            "plexusd answered 400: bad request",
+            "the daemon answered 400: bad request",
         ),
     ];
     for (name, answer, code, msg) in cases {
@@ -391,7 +394,7 @@ fn daemon_that_never_answers_should_be_cut_off_by_timeout() {
     assert_eq!(
         err["msg"],
         format!(
-            "no answer from plexusd at {} within 400ms",
+            "no answer from the daemon at {} within 400ms",
             server.sock.display()
         )
     );
@@ -416,4 +419,226 @@ fn answer_without_content_length_should_be_read_until_close() {
         "{\n    \"cniVersion\": \"0.4.0\",\n    \"ips\": [\n        {\n            \"version\": \"4\",\n            \"address\": \"10.1.2.3/24\"\n        }\n    ],\n    \"dns\": {}\n}"
     );
     server.request();
+}
+
+// ---------------------------------------------------------------------------
+// multus-shim at 1.x: libcni prints 1.x results through a map
+
+/// Indents compact JSON as Go's `json.Indent(dst, src, "", "    ")` does:
+/// key order and string bytes kept, empty `{}` and `[]` left as they are.
+fn go_indent(compact: &[u8]) -> String {
+    fn newline(out: &mut String, depth: usize) {
+        out.push('\n');
+        out.push_str(&"    ".repeat(depth));
+    }
+    let chars: Vec<char> = std::str::from_utf8(compact).unwrap().chars().collect();
+    let (mut out, mut depth, mut in_string, mut escaped) = (String::new(), 0, false, false);
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else {
+            match c {
+                '"' => {
+                    in_string = true;
+                    out.push(c);
+                }
+                '{' | '[' if matches!(chars.get(i + 1), Some('}' | ']')) => {
+                    out.push(c);
+                    out.push(chars[i + 1]);
+                    i += 1;
+                }
+                '{' | '[' => {
+                    out.push(c);
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+                '}' | ']' => {
+                    depth -= 1;
+                    newline(&mut out, depth);
+                    out.push(c);
+                }
+                ',' => {
+                    out.push(c);
+                    newline(&mut out, depth);
+                }
+                ':' => out.push_str(": "),
+                c if c.is_ascii_whitespace() => {}
+                c => out.push(c),
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The body of a captured response (after the blank line).
+fn body_of(raw: &[u8]) -> &[u8] {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    &raw[end + 4..]
+}
+
+/// The captured daemon's `Result` object, as the multus daemon wrote it.
+fn captured_result() -> String {
+    let response = fixture("02-ADD-cni-response.txt");
+    let body = std::str::from_utf8(body_of(&response)).unwrap();
+    body.strip_prefix("{\"Result\":")
+        .and_then(|b| b.strip_suffix('}'))
+        .expect("{\"Result\":...}")
+        .to_string()
+}
+
+/// The captured shim stdin at `version`, with `socketPath` added.
+fn stdin_at(version: &str, sock: &Path) -> Vec<u8> {
+    let text = String::from_utf8(stdin_with_socket(sock)).unwrap();
+    assert!(text.contains("\"cniVersion\":\"0.3.1\""));
+    text.replace(
+        "\"cniVersion\":\"0.3.1\"",
+        &format!("\"cniVersion\":\"{version}\""),
+    )
+    .into_bytes()
+}
+
+#[test]
+fn replayed_multus_add_at_1_x_should_print_what_multus_shim_prints() {
+    // multus-shim prints a 1.x result with libcni's Result.MarshalJSON
+    // (the encoding the captured daemon answer shows: sorted keys, no empty
+    // dns), indented by json.MarshalIndent.
+    for version in ["1.0.0", "1.1.0"] {
+        let server = Raw::replying(
+            &format!("wire-add-{version}"),
+            fixture("02-ADD-cni-response.txt"),
+        );
+        let (env, _) = captured("02-ADD-cni-request.txt");
+        let run = shim(&env, &stdin_at(version, &server.sock));
+        let expected = go_indent(
+            captured_result()
+                .replace(
+                    "\"cniVersion\":\"1.1.0\"",
+                    &format!("\"cniVersion\":\"{version}\""),
+                )
+                .as_bytes(),
+        );
+        assert_eq!(run.code, Some(0), "{run:?}");
+        assert_eq!(run.stdout, expected, "{version}");
+        server.request();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// multus-shim's requests answered by the real plexusd
+
+/// A captured multus-shim request with its netns, container id and
+/// config's `cniVersion` replaced, and Content-Length set to match.
+fn replay_request(name: &str, netns: &str, container_id: &str, version: &str) -> Vec<u8> {
+    let raw = fixture(name);
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = std::str::from_utf8(&raw[..end]).unwrap();
+    let body = std::str::from_utf8(&raw[end + 4..]).unwrap();
+    let (env, config) = captured(name);
+    let config = String::from_utf8(config).unwrap().replace(
+        "\"cniVersion\":\"0.3.1\"",
+        &format!("\"cniVersion\":\"{version}\""),
+    );
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let old_config = body
+        .split("\"config\":\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    let body = body
+        .replace(&env["CNI_NETNS"], netns)
+        .replace(&env["CNI_CONTAINERID"], container_id)
+        .replace(old_config, &b64.encode(config));
+    let head: Vec<String> = head
+        .split("\r\n")
+        .map(|l| match l.strip_prefix("Content-Length: ") {
+            Some(_) => format!("Content-Length: {}", body.len()),
+            None => l.to_string(),
+        })
+        .collect();
+    format!("{}\r\n\r\n{body}", head.join("\r\n")).into_bytes()
+}
+
+#[test]
+fn multus_shim_requests_should_get_the_1_1_0_result_from_plexusd() {
+    use support::cni::{conflist, Engine};
+    use support::netns::Netns;
+
+    let e = Engine::new("wire-real");
+    e.write_network(
+        "10-lo.conflist",
+        &conflist("lo-net", "1.0.0", vec![json!({"type": "loopback"})]),
+    );
+    let d = e.start("d", "lo-net", "20s");
+    let (captured_env, _) = captured("02-ADD-cni-request.txt");
+    let captured_netns = &captured_env["CNI_NETNS"];
+    for version in ["0.3.1", "1.0.0"] {
+        let ns = Netns::new();
+        let id = format!("wire-real-{}", version.replace('.', ""));
+        let add = replay_request("02-ADD-cni-request.txt", &ns.path, &id, version);
+        let r = support::http::send_raw(&d.sock, &add).unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "{version}: {}\n{}",
+            r.body_str(),
+            d.log_text()
+        );
+
+        // What multus-shim does with it: decode {"Result": <1.x result>}.
+        let body: Value = r.json();
+        let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["Result"], "{version}: {}", r.body_str());
+        let result = &body["Result"];
+        assert_eq!(result["cniVersion"], "1.1.0", "{version}: {result}");
+        let ips = result["ips"].as_array().unwrap();
+        assert!(!ips.is_empty(), "{result}");
+        assert!(ips.iter().all(|ip| ip.get("version").is_none()), "{result}");
+        // Byte for byte the multus daemon's answer to the same request.
+        let multus_body = String::from_utf8(body_of(&fixture("02-ADD-cni-response.txt")).to_vec())
+            .unwrap()
+            .replace(captured_netns.as_str(), &ns.path);
+        assert_eq!(r.body_str(), multus_body, "{version}");
+
+        // ...then convert it to the config's version and print it.
+        let printed = plexus::result::Success::from_value(result)
+            .unwrap()
+            .convert(version)
+            .unwrap()
+            .to_pretty();
+        let printed = String::from_utf8(printed).unwrap();
+        let converted: Value = serde_json::from_str(&printed).unwrap();
+        assert_eq!(converted["cniVersion"], version);
+        if version == "0.3.1" {
+            let families: Vec<&Value> = converted["ips"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|ip| &ip["version"])
+                .collect();
+            assert_eq!(families, ["4", "6"], "{printed}");
+            let multus_printed = String::from_utf8(fixture("shim-ADD-stdout.txt"))
+                .unwrap()
+                .replace(captured_netns.as_str(), &ns.path);
+            assert_eq!(printed, multus_printed, "what multus-shim printed");
+        } else {
+            assert!(!printed.contains("\"version\""), "{printed}");
+        }
+
+        let del = replay_request("04-DEL-cni-request.txt", &ns.path, &id, version);
+        let r = support::http::send_raw(&d.sock, &del).unwrap();
+        assert_eq!((r.status, r.body_str()), (200, ""), "{}", d.log_text());
+        assert!(e.records().is_empty(), "{:?}", e.records());
+    }
 }

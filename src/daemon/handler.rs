@@ -1,6 +1,7 @@
 //! The request handler that joins the server to the CNI engine: turns a
 //! wire request into a validated invocation, picks the networks, runs the
-//! engine and converts the answer for the caller.
+//! engine and answers ADD with the 1.1.0 result (the shim converts it to
+//! its own config's version, as multus-shim does).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -97,12 +98,6 @@ impl Networks {
             inv.arg_pairs = rest;
         }
         let config = parse_config(&request.config)?;
-        let want = config
-            .get("cniVersion")
-            .and_then(Value::as_str)
-            .filter(|v| result::is_supported(v))
-            .unwrap_or(result::LATEST)
-            .to_string();
         match inv.command {
             Command::Add => {
                 let selected = selection::select(&self.selection, &inv.ifname, &requested)
@@ -133,7 +128,10 @@ impl Networks {
                     .add(&inv, cap_args, planned)
                     .await
                     .map_err(failure)?;
-                let out = result::convert(&res, &want)
+                // Always the newest version, whatever the caller's config
+                // says: multus-shim decodes the answer as 1.x and converts
+                // it itself, and so does plexus-shim.
+                let out = result::convert(&res, result::LATEST)
                     .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
                 Ok(Reply::Result(out))
             }

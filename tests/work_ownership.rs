@@ -170,7 +170,7 @@ fn hung_up_work_should_keep_its_slot_under_limit_one() {
         let t0 = Instant::now();
         let r = http::request(&d.sock, "GET", path, b"").unwrap();
         assert_eq!(r.status, 200, "{path}");
-        assert!(t0.elapsed() < Duration::from_millis(500), "{path} waited");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{path} waited");
     }
     ok(&d, &b.finish());
 

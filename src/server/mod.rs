@@ -193,7 +193,7 @@ pub struct Work {
 pub struct Running {
     /// `CNI_CONTAINERID` of the request (may be empty, e.g. for GC).
     pub container_id: String,
-    /// `CNI_COMMAND` of the request, or `/delegate`.
+    /// `CNI_COMMAND` of the request, marked `(/delegate)` for hot-plug.
     pub command: String,
     pub started: Instant,
 }

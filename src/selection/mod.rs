@@ -20,6 +20,11 @@ use crate::cni::types::{is_valid_name, validate_ifname};
 /// consumes it: it is never passed on to the plugins.
 pub const ARGS_KEY: &str = "PLEXUS_NETWORKS";
 
+/// Most networks one container may get, all sources together. Each costs
+/// plugin runs and a record update, so an unbounded list would let one
+/// call hold a slot for as long as it likes; real pods use a handful.
+pub const MAX_NETWORKS: usize = 64;
+
 /// One requested network: `name`, `namespace/name`, with `@ifname`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Element {
@@ -52,6 +57,8 @@ pub enum Error {
         first: String,
         second: String,
     },
+    #[error("{count} networks selected; at most {MAX_NETWORKS} are allowed per container")]
+    TooMany { count: usize },
     #[error("network {network}: requested interface {ifname:?} is invalid: {why}")]
     BadInterface {
         network: String,
@@ -124,6 +131,11 @@ pub fn take_from_args(pairs: &[(String, String)]) -> Result<(Vec<Element>, ArgPa
     let mut rest = Vec::new();
     for (k, v) in pairs {
         if k == ARGS_KEY {
+            // Counting commas first keeps a huge value from being parsed.
+            let count = networks.len() + v.matches(',').count() + 1;
+            if count > MAX_NETWORKS {
+                return Err(Error::TooMany { count });
+            }
             networks.extend(parse_networks(v)?);
         } else {
             rest.push((k.clone(), v.clone()));
@@ -168,6 +180,10 @@ pub fn select(
     runtime_ifname: &str,
     requested: &[Element],
 ) -> Result<Vec<Selected>, Error> {
+    let count = 1 + config.default_networks.len() + requested.len();
+    if count > MAX_NETWORKS {
+        return Err(Error::TooMany { count });
+    }
     let mut out: Vec<Selected> =
         Vec::with_capacity(1 + config.default_networks.len() + requested.len());
     out.push(Selected {
@@ -195,6 +211,8 @@ pub fn select(
             primary: false,
         });
     }
+    let mut seen: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(out.len());
     for (i, s) in out.iter().enumerate() {
         if let Err(e) = validate_ifname(&s.ifname) {
             return Err(Error::BadInterface {
@@ -203,13 +221,14 @@ pub fn select(
                 why: e.msg,
             });
         }
-        if let Some(first) = out[..i].iter().find(|o| o.ifname == s.ifname) {
+        if let Some(&first) = seen.get(s.ifname.as_str()) {
             return Err(Error::Collision {
                 ifname: s.ifname.clone(),
-                first: first.label(),
+                first: out[first].label(),
                 second: s.label(),
             });
         }
+        seen.insert(&s.ifname, i);
     }
     Ok(out)
 }
@@ -280,6 +299,32 @@ mod tests {
         assert!(matches!(e, Error::Collision { .. }), "{e}");
         let req = parse_networks("a, b@net1").unwrap();
         assert!(select(&config, "eth0", &req).is_err());
+    }
+
+    #[test]
+    fn too_many_networks_should_be_refused_before_parsing() {
+        let config = Config {
+            cluster_network: "cluster".into(),
+            default_networks: vec!["d1".into()],
+        };
+        let many = (0..MAX_NETWORKS - 2)
+            .map(|i| format!("n{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let req = parse_networks(&many).unwrap();
+        assert_eq!(select(&config, "eth0", &req).unwrap().len(), MAX_NETWORKS);
+        let req = parse_networks(&format!("{many},one-more")).unwrap();
+        assert!(matches!(
+            select(&config, "eth0", &req),
+            Err(Error::TooMany { count }) if count == MAX_NETWORKS + 1
+        ));
+        // 5,000 entries are refused without parsing one of them.
+        let huge = vec!["_bad"; 5_000].join(",");
+        let pairs = vec![(ARGS_KEY.to_string(), huge)];
+        assert!(matches!(
+            take_from_args(&pairs),
+            Err(Error::TooMany { count: 5_000 })
+        ));
     }
 
     #[test]

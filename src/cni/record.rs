@@ -836,9 +836,13 @@ impl Journal for Markers {
             body.as_bytes(),
             false,
         )
-        .map_err(|e| match e {
-            Error::Io { source, .. } => source,
-            other => io::Error::other(other.to_string()),
+        .map_err(|e| {
+            // The path and the step stay in the message; the kind is kept.
+            let kind = match &e {
+                Error::Io { source, .. } => source.kind(),
+                Error::Damaged { .. } => io::ErrorKind::Other,
+            };
+            io::Error::new(kind, e.to_string())
         })
     }
 

@@ -25,7 +25,8 @@ pub struct Args {
 pub enum Sub {
     /// Print what is recorded for a container (networks, interfaces,
     /// addresses) as JSON, read from the state directory; without an id,
-    /// every container.
+    /// every container. Only reads (safe while plexusd runs); a record that
+    /// cannot be read is reported as damaged.
     Show {
         /// The container id (CNI_CONTAINERID).
         container_id: Option<String>,

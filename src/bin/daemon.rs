@@ -1,4 +1,4 @@
-//! `plexusd`: args -> config -> logging -> listener -> runtime -> daemon::run -> exit code.
+//! `plexusd`: args -> config -> logging -> engine -> listener -> runtime -> daemon::run -> exit code.
 
 use std::process::ExitCode;
 
@@ -42,6 +42,21 @@ fn main() -> ExitCode {
     for key in &config.unknown_keys {
         warn!(file = %config.path.display(), key, "unknown configuration key is ignored");
     }
+    let metrics = std::sync::Arc::new(metrics::Metrics::new());
+    // Before the listener: in self-bind mode, taking the socket path over
+    // makes a running predecessor drain, so a successor whose state
+    // directory is unusable must fail first. Engine::new also kills what a
+    // crashed predecessor's plugins left running before any call is served.
+    let engine = match &config.selection {
+        Some(_) => match cni::Engine::new(config.cni.clone(), Some(metrics.clone())) {
+            Ok(e) => Some(std::sync::Arc::new(e)),
+            Err(e) => {
+                error!("{e}");
+                return ExitCode::from(EXIT_OS);
+            }
+        },
+        None => None,
+    };
     // Before any thread exists: this clears LISTEN_* from the environment.
     let listeners = match activation::take(&config.activation) {
         Ok(l) => l,
@@ -70,21 +85,13 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_OS);
         }
     };
-    let metrics = std::sync::Arc::new(metrics::Metrics::new());
     let env = daemon::Environment {
         notifier,
         watchdog,
         metrics: metrics.clone(),
     };
-    let outcome = match config.selection.clone() {
-        Some(selection) => {
-            let engine = match cni::Engine::new(config.cni.clone(), Some(metrics)) {
-                Ok(e) => std::sync::Arc::new(e),
-                Err(e) => {
-                    error!("{e}");
-                    return ExitCode::from(EXIT_OS);
-                }
-            };
+    let outcome = match (config.selection.clone(), engine) {
+        (Some(selection), Some(engine)) => {
             let handler = daemon::Networks::new(engine, selection);
             // In the background: it runs each plugin's VERSION (warming the
             // cache) and must not delay readiness.
@@ -96,7 +103,7 @@ fn main() -> ExitCode {
             });
             runtime.block_on(daemon::run(config, listeners, env, handler))
         }
-        None => {
+        _ => {
             warn!("clusterNetwork is not set: CNI calls will fail until it is");
             runtime.block_on(daemon::run(config, listeners, env, daemon::Unconfigured))
         }
@@ -111,16 +118,16 @@ fn main() -> ExitCode {
 }
 
 /// `plexusd show`: prints the recorded attachments; exit 1 when there is
-/// nothing recorded for the id asked about.
+/// nothing readable recorded for the id asked about. Only reads: it creates,
+/// moves and removes nothing, and takes no lock (records are replaced by
+/// rename, so a read sees a whole old or a whole new record).
 fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
-    let store = match cni::record::Store::open(&config.cni.state_dir) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("plexusd: {e}");
-            return ExitCode::from(EXIT_OS);
-        }
-    };
+    let store = cni::record::Store::at(&config.cni.state_dir);
     let ids = match container_id {
+        Some(id) if !cni::types::is_valid_name(id) => {
+            eprintln!("plexusd: {id:?} is not a valid container id");
+            return ExitCode::FAILURE;
+        }
         Some(id) => vec![id.to_string()],
         None => match store.list() {
             Ok(ids) => ids,
@@ -131,11 +138,8 @@ fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
         },
     };
     let mut out = Vec::new();
+    let mut damaged = false;
     for id in &ids {
-        if !cni::types::is_valid_name(id) {
-            eprintln!("plexusd: {id:?} is not a valid container id");
-            return ExitCode::FAILURE;
-        }
         match store.load(id) {
             Ok(Some(r)) => out.push(cni::record::summary(&r)),
             Ok(None) if container_id.is_some() => {
@@ -146,11 +150,21 @@ fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
                 return ExitCode::FAILURE;
             }
             Ok(None) => {}
+            // Reported, not moved aside: the daemon does that under the
+            // container's lock.
+            Err(e) if e.is_damaged() => {
+                eprintln!("plexusd: {e}");
+                damaged = true;
+                out.push(cni::record::damaged_summary(id, &e));
+            }
             Err(e) => {
                 eprintln!("plexusd: {e}");
                 return ExitCode::FAILURE;
             }
         }
+    }
+    if container_id.is_none() && out.is_empty() {
+        eprintln!("plexusd: nothing is recorded in {}", store.dir().display());
     }
     let value = match (container_id, out.len()) {
         (Some(_), 1) => out.remove(0),
@@ -159,7 +173,11 @@ fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
     match serde_json::to_string_pretty(&value) {
         Ok(text) => {
             println!("{text}");
-            ExitCode::SUCCESS
+            if damaged && container_id.is_some() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(e) => {
             eprintln!("plexusd: {e}");

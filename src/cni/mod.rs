@@ -10,7 +10,15 @@
 //! - Before any plugin runs, the attachment is recorded in the state
 //!   directory; the record is updated as each network succeeds, and DEL
 //!   works from the record alone. A failed ADD rolls back what it added.
-//! - Calls for one container are serialized; GC excludes every other call.
+//!   A damaged record is moved aside, never fatal: DEL then falls back to
+//!   the configured networks.
+//! - Calls for one container are serialized, within this daemon and with
+//!   any other plexusd on the same stateDir (a lock file per container).
+//!   GC deletes stale attachments one container at a time; only its last
+//!   phase, the plugins' own GC, excludes every other call.
+//! - Every plugin's process group is noted in the state directory while it
+//!   runs; before a container's plugins run, groups that an earlier
+//!   (crashed) daemon left running for it are killed.
 //!
 //! This module knows nothing about HTTP, the shim or Kubernetes.
 
@@ -18,17 +26,21 @@ pub mod exec;
 pub mod record;
 pub mod types;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use tokio::sync::{OwnedMutexGuard, RwLock};
+use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
-use self::exec::{CallEnv, ExecError, Plugin, Runner};
-use self::record::{Attachment, Delegate, Durability, Record, State, Store};
+use self::exec::{CallEnv, ExecError, Group, Plugin, Runner};
+use self::record::{
+    Attachment, Delegate, Durability, Held, Locks, Marker, MarkerState, Markers, Record, State,
+    Store,
+};
 use self::types::{at_least, code, negotiate, Command, Invocation, NetworkList};
 use crate::metrics::Metrics;
 use crate::result;
@@ -42,6 +54,15 @@ pub const DEFAULT_CONF_DIR: &str = "/etc/cni/multus/net.d";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/plexus";
 /// How long one plugin may run.
 pub const DEFAULT_PLUGIN_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a plugin group left by an earlier daemon may take to die after
+/// SIGKILL before the call gives up ("try again later").
+const STALE_GROUP_WAIT: Duration = Duration::from_secs(5);
+/// CNI's "try again later" error code.
+const TRY_AGAIN_LATER: u32 = 11;
+
+/// Kills a plugin group an earlier daemon left ([`exec::kill_stale_group`];
+/// unit tests put a fake in its place).
+type KillGroup = fn(Group, Duration) -> std::io::Result<bool>;
 
 /// The engine's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +105,7 @@ pub struct Error {
 }
 
 impl Error {
-    fn new(kind: ErrorKind, code: u32, msg: impl Into<String>) -> Self {
+    pub fn new(kind: ErrorKind, code: u32, msg: impl Into<String>) -> Self {
         Self {
             kind,
             code,
@@ -176,9 +197,34 @@ pub struct Engine {
     config: Config,
     runner: Arc<Runner>,
     store: Arc<Store>,
+    locks: Arc<Locks>,
+    markers: Arc<Markers>,
+    kill_group: KillGroup,
     containers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// ADD/DEL/CHECK take it shared, GC exclusive (GC must not race them).
+    /// Every operation on a container takes it shared; only the plugins'
+    /// GC phase takes it exclusively (see [`Engine::gc`]).
     gc_lock: RwLock<()>,
+}
+
+/// Everything one operation on a container holds. Taken in the order
+/// gc, gc_file, container, file (the GC phase takes gc then gc_file and no
+/// container), so two operations, or two daemons, never wait on each other
+/// in a cycle; released in the reverse order by [`Engine::unlock`].
+struct OpLock<'a> {
+    /// `locks/<id>.lock`, flock'ed: excludes other daemons on this stateDir.
+    file: Held,
+    /// Cheap ordering of this daemon's own calls in front of the flock.
+    container: ContainerLock<'a>,
+    /// `locks/.gc.lock`, shared: another daemon's plugin GC waits for us.
+    gc_file: Held,
+    gc: RwLockReadGuard<'a, ()>,
+}
+
+/// A container's record as an operation sees it.
+struct Loaded {
+    record: Option<Record>,
+    /// The record was damaged and has just been moved aside.
+    set_aside: bool,
 }
 
 /// Holds one container's lock; forgets the lock when nobody else waits.
@@ -203,20 +249,91 @@ impl Drop for ContainerLock<'_> {
 }
 
 impl Engine {
-    /// Creates the engine; creates the state directory. Blocking.
+    /// Creates the engine and the state directory, then cleans up after
+    /// crashed predecessors (see [`Engine::recover`]). Blocking, and it
+    /// starts no thread (it runs before the listener is taken).
     pub fn new(config: Config, metrics: Option<Arc<Metrics>>) -> Result<Self, Error> {
+        Self::build(config, metrics, exec::kill_stale_group)
+    }
+
+    fn build(
+        config: Config,
+        metrics: Option<Arc<Metrics>>,
+        kill_group: KillGroup,
+    ) -> Result<Self, Error> {
         let store = Store::open(&config.state_dir).map_err(Error::record)?;
-        Ok(Self {
-            runner: Arc::new(Runner::new(
-                config.bin_dirs.clone(),
-                config.plugin_timeout,
-                metrics,
-            )),
+        let locks = Locks::open(&config.state_dir).map_err(Error::record)?;
+        let markers = Arc::new(Markers::open(&config.state_dir).map_err(Error::record)?);
+        let runner = Runner::new(config.bin_dirs.clone(), config.plugin_timeout, metrics)
+            .with_journal(markers.clone());
+        let engine = Self {
+            runner: Arc::new(runner),
             store: Arc::new(store),
+            locks: Arc::new(locks),
+            markers,
+            kill_group,
             config,
             containers: Mutex::new(HashMap::new()),
             gc_lock: RwLock::new(()),
-        })
+        };
+        engine.recover();
+        Ok(engine)
+    }
+
+    /// At start-up, for every container no one holds the lock of (a live
+    /// predecessor's running operations hold theirs and are left alone):
+    /// kills the plugin groups a crashed daemon left running, removes the
+    /// temporary files of writes it never finished, and removes lock files
+    /// of containers without a record. Blocking.
+    fn recover(&self) {
+        let mut work: BTreeMap<String, (Vec<Marker>, Vec<PathBuf>)> = BTreeMap::new();
+        match self.markers.all() {
+            Ok(all) => {
+                for m in all {
+                    work.entry(m.container_id.clone()).or_default().0.push(m);
+                }
+            }
+            Err(e) => tracing::warn!(cause = %e, "cannot list the plugin markers"),
+        }
+        for (id, path) in self
+            .store
+            .temp_files()
+            .into_iter()
+            .chain(self.markers.temp_files())
+        {
+            work.entry(id).or_default().1.push(path);
+        }
+        for id in self.locks.ids() {
+            if !self.store.exists(&id) {
+                work.entry(id).or_default();
+            }
+        }
+        for (id, (stale, temps)) in work {
+            let held = match self.locks.try_lock(&id) {
+                Ok(Some(h)) => h,
+                Ok(None) => {
+                    tracing::info!(container_id = %id, "another plexusd is working on this container; its state is left alone");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(container_id = %id, cause = %e, "cannot lock the container at start-up");
+                    continue;
+                }
+            };
+            if let Err((pgid, e)) = clear_markers(&self.markers, self.kill_group, &id, &stale) {
+                tracing::error!(container_id = %id, pgid, cause = %e, "a plugin process group left by an earlier plexusd survived SIGKILL; calls for this container fail until it is gone");
+            }
+            for t in temps {
+                if let Err(e) = std::fs::remove_file(&t) {
+                    tracing::warn!(path = %t.display(), cause = %e, "cannot remove a leftover temporary file");
+                }
+            }
+            if !self.store.exists(&id) {
+                if let Err(e) = held.unlink() {
+                    tracing::warn!(container_id = %id, cause = %e, "cannot remove a lock file");
+                }
+            }
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -230,6 +347,78 @@ impl Engine {
         blocking(move || types::load_network(&dir, &network))
             .await?
             .map_err(Error::config)
+    }
+
+    /// Takes everything an operation on container `id` holds (see
+    /// [`OpLock`]), then kills the plugin groups an earlier daemon left
+    /// running for it, so none of them can act after this operation's
+    /// plugins. Fails ("try again later") if one of them survives.
+    async fn lock_op(&self, id: &str) -> Result<OpLock<'_>, Error> {
+        let gc = self.gc_lock.read().await;
+        let container = self.lock_container(id).await;
+        let locks = self.locks.clone();
+        let markers = self.markers.clone();
+        let cid = id.to_string();
+        let (gc_file, file, stale) = blocking(move || -> Result<_, record::Error> {
+            let gc_file = locks.gc_shared()?;
+            let file = locks.lock(&cid)?;
+            let stale = markers.of(&cid)?;
+            Ok((gc_file, file, stale))
+        })
+        .await?
+        .map_err(Error::record)?;
+        let lock = OpLock {
+            file,
+            container,
+            gc_file,
+            gc,
+        };
+        if !stale.is_empty() {
+            let markers = self.markers.clone();
+            let kill = self.kill_group;
+            let cid = id.to_string();
+            blocking(move || clear_markers(&markers, kill, &cid, &stale))
+                .await?
+                .map_err(|(pgid, e)| {
+                    Error::new(
+                        ErrorKind::Failed,
+                        TRY_AGAIN_LATER,
+                        format!(
+                            "container {id:?}: plugin process group {pgid}, left running by an earlier plexusd, survived SIGKILL for {}: {e}; try again later",
+                            crate::duration::format(STALE_GROUP_WAIT)
+                        ),
+                    )
+                })?;
+        }
+        Ok(lock)
+    }
+
+    /// Releases an operation's locks. The container's lock file goes too
+    /// when its record is gone: nobody can make a new record without the
+    /// lock, and a waiter on the unlinked file starts over (record::Locks).
+    async fn unlock(&self, id: &str, lock: OpLock<'_>) {
+        let OpLock {
+            file,
+            container,
+            gc_file,
+            gc,
+        } = lock;
+        let store = self.store.clone();
+        let cid = id.to_string();
+        let released = blocking(move || {
+            if store.exists(&cid) {
+                drop(file);
+            } else if let Err(e) = file.unlink() {
+                tracing::warn!(container_id = %cid, cause = %e, "cannot remove a lock file");
+            }
+            drop(gc_file);
+        })
+        .await;
+        if let Err(e) = released {
+            tracing::error!(container_id = %id, cause = %e, "releasing the container's lock failed");
+        }
+        drop(container);
+        drop(gc);
     }
 
     async fn lock_container(&self, id: &str) -> ContainerLock<'_> {
@@ -432,12 +621,28 @@ impl Engine {
             .await
     }
 
-    async fn load_record(&self, id: &str) -> Result<Option<Record>, Error> {
+    /// The record of `id`, under its lock. A damaged record is moved
+    /// aside (bytes kept) and logged, and the container has none.
+    async fn load_locked(&self, id: &str) -> Result<Loaded, Error> {
         let store = self.store.clone();
-        let id = id.to_string();
-        blocking(move || store.load(&id))
-            .await?
-            .map_err(Error::record)
+        let cid = id.to_string();
+        let (record, moved) = blocking(move || match store.load(&cid) {
+            Ok(r) => Ok((r, None)),
+            Err(e) if e.is_damaged() => {
+                let to = store.set_aside(&cid)?;
+                Ok((None, Some((e, to))))
+            }
+            Err(e) => Err(e),
+        })
+        .await?
+        .map_err(Error::record)?;
+        if let Some((why, to)) = &moved {
+            tracing::error!(container_id = %id, cause = %why, moved_to = %to.display(), "damaged attachment record moved aside; the container is treated as having no record");
+        }
+        Ok(Loaded {
+            record,
+            set_aside: moved.is_some(),
+        })
     }
 
     async fn save_record(&self, record: &Record, durability: Durability) -> Result<(), Error> {
@@ -456,16 +661,27 @@ impl Engine {
         cap_args: Map<String, Value>,
         planned: Vec<Planned>,
     ) -> Result<Value, Error> {
-        let _gc = self.gc_lock.read().await;
-        let _lock = self.lock_container(&inv.container_id).await;
+        let lock = self.lock_op(&inv.container_id).await?;
+        let out = self.add_locked(inv, cap_args, planned).await;
+        self.unlock(&inv.container_id, lock).await;
+        out
+    }
+
+    async fn add_locked(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        planned: Vec<Planned>,
+    ) -> Result<Value, Error> {
         // Everything that can be checked before running anything is.
         let mut prepared = Vec::with_capacity(planned.len());
         for p in &planned {
             prepared.push(self.prepare(&p.list, Command::Add).await?);
         }
         let mut record = self
-            .load_record(&inv.container_id)
+            .load_locked(&inv.container_id)
             .await?
+            .record
             .unwrap_or_else(|| Record::new(&inv.container_id));
         if record.attachment(&inv.ifname).is_some() {
             return Err(Error::new(
@@ -575,26 +791,99 @@ impl Engine {
 
     /// What is recorded for `container_id` (see [`record::summary`]);
     /// `None` when nothing is, or the id is not a valid container id.
+    /// A damaged record is reported as such. Reads only, without a lock.
     pub async fn attachments(&self, container_id: &str) -> Result<Option<Value>, Error> {
         if !types::is_valid_name(container_id) {
             return Ok(None);
         }
-        let record = self.load_record(container_id).await?;
-        Ok(record.as_ref().map(record::summary))
+        let store = self.store.clone();
+        let cid = container_id.to_string();
+        match blocking(move || store.load(&cid)).await? {
+            Ok(record) => Ok(record.as_ref().map(record::summary)),
+            Err(e) if e.is_damaged() => Ok(Some(record::damaged_summary(container_id, &e))),
+            Err(e) => Err(Error::record(e)),
+        }
     }
 
     /// DEL: removes the attachment named by the call, from its record.
-    /// Nothing recorded means nothing to do.
-    pub async fn del(&self, inv: &Invocation) -> Result<(), Error> {
-        let _gc = self.gc_lock.read().await;
-        let _lock = self.lock_container(&inv.container_id).await;
-        self.del_locked(inv, &inv.netns).await
+    /// Nothing recorded means nothing to do, unless the container's record
+    /// was damaged (now, or earlier and moved aside): then DEL runs the
+    /// networks `fallback` supplies (the configured ones, with `cap_args`
+    /// and the call's environment), as a runtime without records would.
+    /// `fallback` is called only then, so a normal DEL loads no config.
+    pub async fn del<F, Fut>(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        fallback: F,
+    ) -> Result<(), Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Vec<Planned>, Error>>,
+    {
+        let lock = self.lock_op(&inv.container_id).await?;
+        let out = self.del_or_fall_back(inv, cap_args, fallback).await;
+        self.unlock(&inv.container_id, lock).await;
+        out
     }
 
-    async fn del_locked(&self, inv: &Invocation, netns: &str) -> Result<(), Error> {
-        let Some(mut record) = self.load_record(&inv.container_id).await? else {
-            return Ok(());
-        };
+    async fn del_or_fall_back<F, Fut>(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        fallback: F,
+    ) -> Result<(), Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Vec<Planned>, Error>>,
+    {
+        let loaded = self.load_locked(&inv.container_id).await?;
+        let mut record = loaded
+            .record
+            .unwrap_or_else(|| Record::new(&inv.container_id));
+        if record.attachment(&inv.ifname).is_none() {
+            let lost = loaded.set_aside || {
+                let store = self.store.clone();
+                let cid = inv.container_id.clone();
+                blocking(move || store.was_set_aside(&cid)).await?
+            };
+            if !lost {
+                return Ok(());
+            }
+            let planned = fallback().await?;
+            let names: Vec<&str> = planned.iter().map(|p| p.list.name.as_str()).collect();
+            tracing::warn!(container_id = %inv.container_id, ifname = %inv.ifname, networks = ?names, "the container's record was damaged: DEL runs the configured networks");
+            // Recorded like an ADD that was cut short, so that whatever
+            // fails here stays recorded for the next DEL.
+            record.attachments.push(Attachment {
+                ifname: inv.ifname.clone(),
+                netns: inv.netns.clone(),
+                cni_args: inv.args.clone(),
+                capability_args: cap_args,
+                delegates: planned
+                    .into_iter()
+                    .map(|p| Delegate {
+                        name: p.list.name.clone(),
+                        ifname: p.ifname,
+                        primary: p.primary,
+                        state: State::Adding,
+                        config: p.list.to_value(),
+                        result: None,
+                    })
+                    .collect(),
+            });
+        }
+        self.del_attachment(inv, &inv.netns, &mut record).await
+    }
+
+    /// DELs attachment `inv.ifname` of `record` (which must hold it) and
+    /// saves what is left of the record: the networks whose DEL failed.
+    async fn del_attachment(
+        &self,
+        inv: &Invocation,
+        netns: &str,
+        record: &mut Record,
+    ) -> Result<(), Error> {
         let Some(att) = record.attachment(&inv.ifname).cloned() else {
             return Ok(());
         };
@@ -625,7 +914,7 @@ impl Engine {
             a.delegates = left;
         }
         record.attachments.retain(|a| !a.delegates.is_empty());
-        self.save_record(&record, Durability::Atomic).await?;
+        self.save_record(record, Durability::Atomic).await?;
         if errors.is_empty() {
             Ok(())
         } else {
@@ -640,9 +929,14 @@ impl Engine {
     /// CHECK: verifies every recorded network of the attachment with the
     /// recorded result, in order; the first failure is returned.
     pub async fn check(&self, inv: &Invocation) -> Result<(), Error> {
-        let _gc = self.gc_lock.read().await;
-        let _lock = self.lock_container(&inv.container_id).await;
-        let record = self.load_record(&inv.container_id).await?;
+        let lock = self.lock_op(&inv.container_id).await?;
+        let out = self.check_locked(inv).await;
+        self.unlock(&inv.container_id, lock).await;
+        out
+    }
+
+    async fn check_locked(&self, inv: &Invocation) -> Result<(), Error> {
+        let record = self.load_locked(&inv.container_id).await?.record;
         let Some(att) = record.as_ref().and_then(|r| r.attachment(&inv.ifname)) else {
             return Err(Error::new(
                 ErrorKind::Failed,
@@ -728,92 +1022,243 @@ impl Engine {
     /// GC: DELs every recorded attachment whose (container id, ifname) is
     /// not in `valid`, then sends GC to the plugins of `lists` that speak
     /// 1.1.0 with the attachments still recorded. Errors are collected.
+    ///
+    /// The sweep locks one container at a time, only while its stale
+    /// attachments are deleted: calls for other containers go on meanwhile.
     pub async fn gc(
         &self,
         valid: &BTreeSet<(String, String)>,
         lists: &[NetworkList],
     ) -> Result<(), Error> {
-        let _gc = self.gc_lock.write().await;
         let store = self.store.clone();
         let ids = blocking(move || store.list())
             .await?
             .map_err(Error::record)?;
         let mut errors = Vec::new();
-        let mut remaining: Vec<(String, String, String)> = Vec::new();
+        // Stale attachments whose DEL failed: the plugins' GC may free them.
+        let mut failed = BTreeSet::new();
         for id in ids {
-            let record = match self.load_record(&id).await {
-                Ok(Some(r)) => r,
+            // A look without the lock first: valid containers, most of
+            // them, are never locked.
+            let store = self.store.clone();
+            let cid = id.clone();
+            match blocking(move || store.load(&cid)).await? {
                 Ok(None) => continue,
+                Ok(Some(r))
+                    if r.attachments
+                        .iter()
+                        .all(|a| valid.contains(&(id.clone(), a.ifname.clone()))) =>
+                {
+                    continue
+                }
+                // Stale attachments, a damaged record or an unreadable one:
+                // a second look under the lock decides.
+                _ => {}
+            }
+            let lock = match self.lock_op(&id).await {
+                Ok(l) => l,
                 Err(e) => {
                     errors.push(e);
                     continue;
                 }
             };
-            for att in &record.attachments {
-                if valid.contains(&(id.clone(), att.ifname.clone())) {
-                    for d in &att.delegates {
-                        remaining.push((id.clone(), d.ifname.clone(), d.name.clone()));
-                    }
-                    continue;
-                }
-                let inv = Invocation {
-                    command: Command::Del,
-                    container_id: id.clone(),
-                    netns: att.netns.clone(),
-                    ifname: att.ifname.clone(),
-                    args: att.cni_args.clone(),
-                    arg_pairs: Vec::new(),
-                };
-                tracing::info!(container_id = %id, ifname = %att.ifname, "GC: deleting a stale attachment");
-                if let Err(e) = self.del_locked(&inv, &att.netns).await {
-                    errors.push(e);
-                }
-            }
+            errors.extend(self.gc_container(&id, valid, &mut failed).await);
+            self.unlock(&id, lock).await;
         }
-        for list in lists {
-            if list.disable_gc || !list.version().is_some_and(|v| at_least(&v, "1.1.0")) {
-                continue;
-            }
-            let attachments: Vec<Value> = remaining
-                .iter()
-                .filter(|(_, _, net)| *net == list.name)
-                .map(|(c, i, _)| serde_json::json!({"containerID": c, "ifname": i}))
-                .collect();
-            let valid_value = if attachments.is_empty() {
-                Value::Null
-            } else {
-                Value::Array(attachments)
-            };
-            let prepared = match self.prepare(list, Command::Gc).await {
-                Ok(p) => p,
-                Err(e) => {
-                    errors.push(e);
-                    continue;
-                }
-            };
-            let env = CallEnv {
-                command: Command::Gc.as_str(),
-                ..CallEnv::default()
-            };
-            for (i, (plugin, version)) in prepared.plugins.iter().enumerate() {
-                if !at_least(version, "1.1.0") {
-                    continue;
-                }
-                let mut stdin = stdin_object(list, i, version);
-                stdin.insert("cni.dev/valid-attachments".into(), valid_value.clone());
-                stdin.insert("cni.dev/attachments".into(), valid_value.clone());
-                let stdin = serde_json::to_vec(&Value::Object(stdin)).unwrap_or_default();
-                if let Err(e) = self.runner.run(plugin, &env, stdin).await {
-                    errors.push(Error::plugin(Command::Gc, &list.name, e));
-                }
-            }
-        }
+        errors.extend(self.gc_plugins(lists, &failed).await);
         if errors.is_empty() {
             Ok(())
         } else {
             Err(Error::join(Command::Gc, "stale attachments", errors))
         }
     }
+
+    /// DELs the stale attachments of container `id` (locked by the caller);
+    /// a damaged record is moved aside and skipped.
+    async fn gc_container(
+        &self,
+        id: &str,
+        valid: &BTreeSet<(String, String)>,
+        failed: &mut BTreeSet<(String, String)>,
+    ) -> Vec<Error> {
+        let mut record = match self.load_locked(id).await {
+            Ok(Loaded {
+                record: Some(r), ..
+            }) => r,
+            Ok(_) => return Vec::new(),
+            Err(e) => return vec![e],
+        };
+        let stale: Vec<Attachment> = record
+            .attachments
+            .iter()
+            .filter(|a| !valid.contains(&(id.to_string(), a.ifname.clone())))
+            .cloned()
+            .collect();
+        let mut errors = Vec::new();
+        for att in stale {
+            let inv = Invocation {
+                command: Command::Del,
+                container_id: id.to_string(),
+                netns: att.netns.clone(),
+                ifname: att.ifname.clone(),
+                args: att.cni_args.clone(),
+                arg_pairs: Vec::new(),
+            };
+            tracing::info!(container_id = %id, ifname = %att.ifname, "GC: deleting a stale attachment");
+            if let Err(e) = self.del_attachment(&inv, &att.netns, &mut record).await {
+                failed.insert((id.to_string(), att.ifname.clone()));
+                errors.push(e);
+            }
+        }
+        errors
+    }
+
+    /// The last phase of GC: sends GC to every plugin of `lists` that
+    /// speaks 1.1.0, with every recorded attachment but the `failed` stale
+    /// ones as the valid attachments.
+    async fn gc_plugins(
+        &self,
+        lists: &[NetworkList],
+        failed: &BTreeSet<(String, String)>,
+    ) -> Vec<Error> {
+        let mut errors = Vec::new();
+        // Worked out before the exclusive lock: VERSION runs may be slow,
+        // and with no plugin to run, nothing is locked at all.
+        let mut work = Vec::new();
+        for list in lists {
+            if list.disable_gc || !list.version().is_some_and(|v| at_least(&v, "1.1.0")) {
+                continue;
+            }
+            match self.prepare(list, Command::Gc).await {
+                Ok(p) => {
+                    let plugins: Vec<(usize, Plugin, String)> = p
+                        .plugins
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(_, (_, v))| at_least(v, "1.1.0"))
+                        .map(|(i, (p, v))| (i, p, v))
+                        .collect();
+                    if !plugins.is_empty() {
+                        work.push((list, plugins));
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        if work.is_empty() {
+            return errors;
+        }
+        // Exclusive, and only around this phase. A plugin told to GC frees
+        // whatever is missing from the valid list, so the list must hold
+        // every attachment whose ADD has started: otherwise an ADD running
+        // now could lose the address it just reserved. Every operation
+        // holds gc_lock (this daemon) and .gc.lock (any daemon on this
+        // stateDir) shared from before it records its attachment until its
+        // plugins are done; holding both exclusively, no ADD runs, and each
+        // one that ran is in the records read below.
+        let _gc = self.gc_lock.write().await;
+        let locks = self.locks.clone();
+        let _gc_file = match blocking(move || locks.gc_exclusive()).await {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => {
+                errors.push(Error::record(e));
+                return errors;
+            }
+            Err(e) => {
+                errors.push(e);
+                return errors;
+            }
+        };
+        let store = self.store.clone();
+        let records = blocking(move || -> Result<Vec<Record>, record::Error> {
+            let mut out = Vec::new();
+            for id in store.list()? {
+                // A damaged record names nothing that could be kept.
+                if let Ok(Some(r)) = store.load(&id) {
+                    out.push(r);
+                }
+            }
+            Ok(out)
+        })
+        .await;
+        let records = match records {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                errors.push(Error::record(e));
+                return errors;
+            }
+            Err(e) => {
+                errors.push(e);
+                return errors;
+            }
+        };
+        let env = CallEnv {
+            command: Command::Gc.as_str(),
+            ..CallEnv::default()
+        };
+        for (list, plugins) in work {
+            let attachments: Vec<Value> = records
+                .iter()
+                .flat_map(|r| {
+                    r.attachments
+                        .iter()
+                        .filter(|a| !failed.contains(&(r.container_id.clone(), a.ifname.clone())))
+                        .flat_map(|a| a.delegates.iter())
+                        .filter(|d| d.name == list.name)
+                        .map(|d| serde_json::json!({"containerID": r.container_id, "ifname": d.ifname}))
+                })
+                .collect();
+            let valid_value = if attachments.is_empty() {
+                Value::Null
+            } else {
+                Value::Array(attachments)
+            };
+            for (i, plugin, version) in plugins {
+                let mut stdin = stdin_object(list, i, &version);
+                stdin.insert("cni.dev/valid-attachments".into(), valid_value.clone());
+                stdin.insert("cni.dev/attachments".into(), valid_value.clone());
+                let stdin = serde_json::to_vec(&Value::Object(stdin)).unwrap_or_default();
+                if let Err(e) = self.runner.run(&plugin, &env, stdin).await {
+                    errors.push(Error::plugin(Command::Gc, &list.name, e));
+                }
+            }
+        }
+        errors
+    }
+}
+
+/// Kills the group each marker of container `id` names and removes the
+/// marker; stops at the first group that survives (its marker stays) and
+/// returns its pgid with the cause. Blocking.
+fn clear_markers(
+    markers: &Markers,
+    kill: KillGroup,
+    id: &str,
+    stale: &[Marker],
+) -> Result<(), (i32, std::io::Error)> {
+    for m in stale {
+        match m.state {
+            MarkerState::Running(group) => match kill(group, STALE_GROUP_WAIT) {
+                Ok(true) => {
+                    tracing::warn!(container_id = %id, pgid = group.pgid, "killed plugins an earlier plexusd left running")
+                }
+                Ok(false) => {
+                    tracing::info!(container_id = %id, pgid = group.pgid, "plugins of an earlier plexusd had already exited")
+                }
+                Err(e) => return Err((group.pgid, e)),
+            },
+            MarkerState::EarlierBoot => {
+                tracing::info!(container_id = %id, path = %m.path.display(), "removing a plugin marker from an earlier boot")
+            }
+            MarkerState::Unreadable => {
+                tracing::warn!(container_id = %id, path = %m.path.display(), "removing an unreadable plugin marker; its processes, if any, cannot be identified")
+            }
+        }
+        if let Err(e) = markers.remove(m) {
+            tracing::warn!(container_id = %id, cause = %e, "cannot remove a plugin marker");
+        }
+    }
+    Ok(())
 }
 
 /// The network configuration a delegate was added with, from its record.
@@ -913,6 +1358,153 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::path::Path;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Groups the fake killer was asked to kill; pgids are unique per test.
+    static KILLED: Mutex<Vec<Group>> = Mutex::new(Vec::new());
+    /// The pgid the fake killer cannot kill.
+    const SURVIVOR: i32 = 999_001;
+
+    fn fake_kill(group: Group, _wait: Duration) -> std::io::Result<bool> {
+        KILLED.lock().unwrap().push(group);
+        if group.pgid == SURVIVOR {
+            return Err(std::io::Error::other("members still alive"));
+        }
+        Ok(true)
+    }
+
+    fn killed(pgid: i32) -> Vec<Group> {
+        let all = KILLED.lock().unwrap();
+        all.iter().filter(|g| g.pgid == pgid).copied().collect()
+    }
+
+    fn engine_config(state: &Path) -> Config {
+        Config {
+            bin_dirs: Vec::new(),
+            conf_dir: state.join("conf"),
+            state_dir: state.to_path_buf(),
+            plugin_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Writes a marker as the runner would for a group of this boot.
+    fn marker(state: &Path, id: &str, pgid: i32, start_time: u64) -> PathBuf {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+        let path = state.join("running").join(format!("{id}.{pgid}"));
+        std::fs::write(&path, format!("{start_time} {}", boot.trim())).unwrap();
+        path
+    }
+
+    fn del_call(id: &str) -> Invocation {
+        Invocation {
+            command: Command::Del,
+            container_id: id.into(),
+            netns: String::new(),
+            ifname: "eth0".into(),
+            args: String::new(),
+            arg_pairs: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn stale_groups_should_be_killed_before_a_call_and_a_survivor_should_fail_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::build(engine_config(dir.path()), None, fake_kill).unwrap();
+        let m = marker(dir.path(), "c1", 999_002, 42);
+        let no_fallback = || async { Ok::<_, Error>(Vec::new()) };
+        engine
+            .del(&del_call("c1"), Map::new(), no_fallback)
+            .await
+            .unwrap();
+        assert_eq!(
+            killed(999_002),
+            vec![Group {
+                pgid: 999_002,
+                start_time: 42
+            }]
+        );
+        assert!(!m.exists(), "the marker of a killed group stayed");
+
+        let m = marker(dir.path(), "c2", SURVIVOR, 7);
+        let e = engine
+            .del(&del_call("c2"), Map::new(), no_fallback)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, TRY_AGAIN_LATER, "{e}");
+        assert!(
+            e.msg.contains("c2") && e.msg.contains(&SURVIVOR.to_string()),
+            "{e}"
+        );
+        assert!(m.exists(), "the marker of a surviving group was removed");
+        // Nothing is left locked: the lock file of a container without a
+        // record is gone, and the next call is not stuck.
+        assert!(!dir.path().join("locks/c1.lock").exists());
+        assert!(engine.locks.try_lock("c2").unwrap().is_some());
+    }
+
+    #[test]
+    fn start_up_should_clean_up_only_containers_nobody_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let locks = Locks::open(dir.path()).unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        Markers::open(dir.path()).unwrap();
+        let free = marker(dir.path(), "free", 999_003, 1);
+        let busy = marker(dir.path(), "busy", 999_004, 1);
+        let free_tmp = store.dir().join(".free.1.2.tmp");
+        let busy_tmp = store.dir().join(".busy.1.2.tmp");
+        std::fs::write(&free_tmp, "x").unwrap();
+        std::fs::write(&busy_tmp, "x").unwrap();
+        // A live predecessor working on "busy" holds its lock.
+        let held = locks.lock("busy").unwrap();
+        drop(locks.lock("orphan").unwrap());
+
+        let _engine = Engine::build(engine_config(dir.path()), None, fake_kill).unwrap();
+        assert_eq!(killed(999_003).len(), 1);
+        assert!(!free.exists() && !free_tmp.exists());
+        assert!(
+            killed(999_004).is_empty(),
+            "a held container's plugins were killed"
+        );
+        assert!(busy.exists() && busy_tmp.exists());
+        // Lock files of containers without a record go, unless held.
+        assert!(!dir.path().join("locks/orphan.lock").exists());
+        assert!(!dir.path().join("locks/free.lock").exists());
+        assert!(held.path().exists());
+    }
+
+    #[tokio::test]
+    async fn del_should_load_configs_only_for_a_container_whose_record_was_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::build(engine_config(dir.path()), None, fake_kill).unwrap();
+        let called = AtomicBool::new(false);
+        let fallback = || async {
+            called.store(true, Ordering::SeqCst);
+            Ok::<_, Error>(Vec::new())
+        };
+        engine
+            .del(&del_call("never-added"), Map::new(), fallback)
+            .await
+            .unwrap();
+        assert!(
+            !called.load(Ordering::SeqCst),
+            "a DEL of nothing loaded configs"
+        );
+
+        let store = Store::at(dir.path());
+        std::fs::write(store.dir().join("lost.json"), b"{garbage").unwrap();
+        engine
+            .del(&del_call("lost"), Map::new(), fallback)
+            .await
+            .unwrap();
+        assert!(called.swap(false, Ordering::SeqCst));
+        assert!(store.was_set_aside("lost"));
+        // Later DELs (another ifname, a retry) still fall back.
+        engine
+            .del(&del_call("lost"), Map::new(), fallback)
+            .await
+            .unwrap();
+        assert!(called.load(Ordering::SeqCst));
+    }
 
     fn list() -> NetworkList {
         NetworkList::from_value(

@@ -1,27 +1,41 @@
-//! Attachment records: one JSON file per container under
-//! `<stateDir>/attachments/`, holding everything DEL needs (each network's
-//! config as used at ADD, interface names, results, CNI_ARGS, capability
-//! arguments), so DEL works after a restart, a crash, or the removal of the
-//! network's config file.
+//! What the engine keeps in `<stateDir>`, one file per thing:
 //!
-//! Writes are atomic: a temporary file in the same directory, rename over
-//! the record. A [`Durability::Synced`] write also fsyncs the file before the
-//! rename and the directory after it, so it survives a power loss: the
-//! engine asks for that before plugins of a network run, because after a
-//! reboot the record is what lets DEL release what they reserved on disk
-//! (host-local's addresses). Later updates (results, removals) need only
-//! atomicity: losing one leaves an older record, and DEL from an older
-//! record is still correct (DEL is idempotent and tolerates a missing
-//! prevResult). All functions block: call them on the blocking pool.
+//! - `attachments/<id>.json`: a container's record, holding everything DEL
+//!   needs (each network's config as used at ADD, interface names, results,
+//!   CNI_ARGS, capability arguments), so DEL works after a restart, a
+//!   crash, or the removal of the network's config file.
+//! - `attachments/damaged/<id>/<unix time>.json`: a record that could not
+//!   be read, moved aside as it was (bytes, symbolic link or directory). The
+//!   directory also tells DEL that the container's record was lost, so DEL
+//!   falls back to the configured networks for it.
+//! - `locks/<id>.lock`: flock'ed by every plexusd on this stateDir across
+//!   each read-modify-write of the container's record and the plugin runs
+//!   of that operation; unlinked (while held) once the record is gone.
+//!   `locks/.gc.lock` is held shared by every operation and exclusively by
+//!   the plugins' GC.
+//! - `running/<id>.<pgid>`: one marker per running plugin process group, so
+//!   that a daemon started after a crash can kill what the crashed one left.
+//!
+//! Writes are atomic: a temporary file in the same directory, renamed over
+//! the target. A [`Durability::Synced`] write also fsyncs the file before the
+//! rename and the directory after it; docs/records.md says which writes need
+//! that and why the others are safe without it. Readers ([`Store::at`],
+//! [`Store::load`], [`Store::list`]) never write anything. All functions
+//! block: call them on the blocking pool.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+use super::exec::{Group, Journal};
+use super::types::is_valid_name;
 
 /// The `kind` of a record file; readers refuse other kinds.
 pub const KIND: &str = "plexusAttachmentsV1";
@@ -178,7 +192,15 @@ fn delegate_summary(d: &Delegate) -> Value {
     Value::Object(out)
 }
 
-/// Whether a write must survive a power loss (see the module docs).
+/// What `show` and `/attachments` report for a record that cannot be read.
+pub fn damaged_summary(container_id: &str, e: &Error) -> Value {
+    serde_json::json!({
+        "containerId": container_id,
+        "damaged": e.to_string(),
+    })
+}
+
+/// Whether a write must survive a power loss (see docs/records.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
     /// fsync of the file and the directory.
@@ -187,18 +209,108 @@ pub enum Durability {
     Atomic,
 }
 
-/// Why a record could not be read or written.
+/// Longest record file read; records are a few KiB.
+const MAX_RECORD_BYTES: u64 = 16 << 20;
+/// Held shared by every operation, exclusively by the plugins' GC. A
+/// container id starts with a letter or digit, so no container's lock file
+/// can have this name.
+const GC_LOCK: &str = ".gc.lock";
+
+/// Why something in the state directory could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("attachment record {}: {what}: {source}", path.display())]
+    #[error("{}: {what}: {source}", path.display())]
     Io {
         path: PathBuf,
         what: &'static str,
         #[source]
         source: io::Error,
     },
-    #[error("attachment record {} is unreadable: {why}", path.display())]
-    Corrupt { path: PathBuf, why: String },
+    /// The record's content (or the kind of file) is unusable; its bytes
+    /// are intact and can be moved aside with [`Store::set_aside`].
+    #[error("attachment record {} is damaged: {why}", path.display())]
+    Damaged { path: PathBuf, why: String },
+}
+
+impl Error {
+    pub fn is_damaged(&self) -> bool {
+        matches!(self, Error::Damaged { .. })
+    }
+}
+
+fn io_error(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io { path, what, source }
+}
+
+/// Creates `dir` and its parents (mode 0700 for the ones made here).
+fn create_private_dir(dir: &Path) -> Result<(), Error> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_error(dir, "cannot create the directory"))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), Error> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error(dir, "cannot sync the directory"))
+}
+
+/// Writes `body` to `tmp` (replacing a leftover of the same name, never
+/// following a symbolic link) and renames it over `path`.
+fn write_atomically(tmp: &Path, path: &Path, body: &[u8], sync: bool) -> Result<(), Error> {
+    let write = || -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(tmp)?;
+        f.write_all(body)?;
+        if sync {
+            f.sync_all()?;
+        }
+        Ok(())
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(tmp);
+        return Err(io_error(tmp, "cannot write the temporary file")(e));
+    }
+    if let Err(e) = fs::rename(tmp, path) {
+        let _ = fs::remove_file(tmp);
+        return Err(io_error(path, "cannot rename into place")(e));
+    }
+    Ok(())
+}
+
+/// Temporary files in `dir` named `.<id>.<n>.<n>.tmp`, as (id, path).
+fn temp_files_in(dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(inner) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix('.'))
+            .and_then(|n| n.strip_suffix(".tmp"))
+        else {
+            continue;
+        };
+        let mut parts = inner.rsplitn(3, '.');
+        let (Some(seq), Some(pid), Some(id)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if numeric(seq) && numeric(pid) && is_valid_name(id) {
+            out.push((id.to_string(), e.path()));
+        }
+    }
+    out
 }
 
 /// The directory of records.
@@ -209,22 +321,31 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (and creates, mode 0700) `<state_dir>/attachments`.
+    /// Opens `<state_dir>/attachments` for writing, creating it (0700).
+    /// When it is created, the directories holding its name are synced
+    /// once, so that a synced record is never lost with its directory.
     pub fn open(state_dir: &Path) -> Result<Self, Error> {
-        let dir = state_dir.join("attachments");
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|source| Error::Io {
-                path: dir.clone(),
-                what: "cannot create the directory",
-                source,
-            })?;
-        Ok(Self {
-            dir,
+        let state_existed = fs::symlink_metadata(state_dir).is_ok();
+        let store = Self::at(state_dir);
+        if fs::symlink_metadata(&store.dir).is_err() {
+            create_private_dir(&store.dir)?;
+            sync_dir(state_dir)?;
+            if !state_existed {
+                if let Some(parent) = state_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    sync_dir(parent)?;
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    /// A read-only view of `<state_dir>/attachments`: creates nothing, and
+    /// a missing directory simply holds no records.
+    pub fn at(state_dir: &Path) -> Self {
+        Self {
+            dir: state_dir.join("attachments"),
             seq: AtomicU64::new(0),
-        })
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -235,21 +356,69 @@ impl Store {
         self.dir.join(format!("{container_id}.json"))
     }
 
-    /// The record of `container_id`, if there is one.
+    fn damaged_dir(&self, container_id: &str) -> PathBuf {
+        self.dir.join("damaged").join(container_id)
+    }
+
+    /// Whether `container_id` has a record file, readable or not.
+    pub fn exists(&self, container_id: &str) -> bool {
+        fs::symlink_metadata(self.path(container_id)).is_ok()
+    }
+
+    /// The record of `container_id`, if there is one. A record that is not
+    /// a regular file (a symbolic link is never followed), is empty, does
+    /// not parse, or names another container is [`Error::Damaged`].
     pub fn load(&self, container_id: &str) -> Result<Option<Record>, Error> {
         let path = self.path(container_id);
-        let text = match fs::read(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(Error::Io {
-                    path,
-                    what: "cannot read",
-                    source,
-                })
-            }
+        let damaged = |why: &str| Error::Damaged {
+            path: path.clone(),
+            why: why.to_string(),
         };
-        parse(&path, &text).map(Some)
+        let meta = match fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_error(&path, "cannot look up the attachment record")(e)),
+        };
+        let kind = meta.file_type();
+        if kind.is_symlink() {
+            return Err(damaged("it is a symbolic link"));
+        }
+        if kind.is_dir() {
+            return Err(damaged("it is a directory"));
+        }
+        if !kind.is_file() {
+            return Err(damaged("it is not a regular file"));
+        }
+        // O_NOFOLLOW and O_NONBLOCK: whatever replaced the file since the
+        // lstat is neither followed nor waited on (a FIFO).
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path);
+        let file = match file {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(damaged("it is a symbolic link"))
+            }
+            Err(e) => return Err(io_error(&path, "cannot open the attachment record")(e)),
+        };
+        let meta = file
+            .metadata()
+            .map_err(io_error(&path, "cannot stat the attachment record"))?;
+        if !meta.is_file() {
+            return Err(damaged("it is not a regular file"));
+        }
+        if meta.len() > MAX_RECORD_BYTES {
+            return Err(damaged(&format!(
+                "it is larger than {MAX_RECORD_BYTES} bytes"
+            )));
+        }
+        let mut text = Vec::with_capacity(meta.len() as usize);
+        file.take(MAX_RECORD_BYTES + 1)
+            .read_to_end(&mut text)
+            .map_err(io_error(&path, "cannot read the attachment record"))?;
+        parse(container_id, &path, &text).map(Some)
     }
 
     /// Writes `record` atomically; an empty record removes the file.
@@ -259,46 +428,18 @@ impl Store {
         }
         let synced = durability == Durability::Synced;
         let path = self.path(&record.container_id);
+        // The pid and a counter make the name unique among live writers.
         let tmp = self.dir.join(format!(
             ".{}.{}.{}.tmp",
             record.container_id,
             std::process::id(),
             self.seq.fetch_add(1, Ordering::Relaxed)
         ));
-        let io = |what: &'static str, p: &Path| {
-            let p = p.to_path_buf();
-            move |source| Error::Io {
-                path: p,
-                what,
-                source,
-            }
-        };
-        let body = serde_json::to_vec(record).map_err(|e| Error::Corrupt {
-            path: path.clone(),
-            why: e.to_string(),
-        })?;
-        let write = || -> io::Result<()> {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&body)?;
-            if synced {
-                f.sync_all()?;
-            }
-            Ok(())
-        };
-        if let Err(e) = write() {
-            let _ = fs::remove_file(&tmp);
-            return Err(io("cannot write the temporary file", &tmp)(e));
-        }
-        if let Err(e) = fs::rename(&tmp, &path) {
-            let _ = fs::remove_file(&tmp);
-            return Err(io("cannot rename into place", &path)(e));
-        }
+        // A Record is strings, maps and JSON values: it always serialises.
+        let body = serde_json::to_vec(record).unwrap_or_default();
+        write_atomically(&tmp, &path, &body, synced)?;
         if synced {
-            self.sync_dir()?;
+            sync_dir(&self.dir)?;
         }
         Ok(())
     }
@@ -307,74 +448,424 @@ impl Store {
     pub fn remove(&self, container_id: &str, durability: Durability) -> Result<(), Error> {
         let path = self.path(container_id);
         match fs::remove_file(&path) {
-            Ok(()) if durability == Durability::Synced => self.sync_dir(),
+            Ok(()) if durability == Durability::Synced => sync_dir(&self.dir),
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(Error::Io {
-                path,
-                what: "cannot remove",
-                source,
-            }),
+            Err(e) => Err(io_error(&path, "cannot remove the attachment record")(e)),
         }
     }
 
-    /// The ids of every container with a record, sorted. Temporary files
-    /// left by a crash are removed on the way.
+    /// The ids of every container with a record file (readable or not),
+    /// sorted; none when the directory does not exist. Only reads:
+    /// temporary files of writes in progress are left alone.
     pub fn list(&self) -> Result<Vec<String>, Error> {
-        let entries = fs::read_dir(&self.dir).map_err(|source| Error::Io {
-            path: self.dir.clone(),
-            what: "cannot list",
-            source,
-        })?;
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_error(&self.dir, "cannot list the attachment records")(e)),
+        };
         let mut ids = Vec::new();
         for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.ends_with(".tmp") {
-                let _ = fs::remove_file(e.path());
-            } else if let Some(id) = name.strip_suffix(".json") {
-                ids.push(id.to_string());
+            let name = e.file_name();
+            if let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) {
+                if is_valid_name(id) {
+                    ids.push(id.to_string());
+                }
             }
         }
         ids.sort();
         Ok(ids)
     }
 
-    fn sync_dir(&self) -> Result<(), Error> {
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| Error::Io {
-                path: self.dir.clone(),
-                what: "cannot sync the directory",
-                source,
-            })
+    /// Temporary files of record writes, as (container id, path): after a
+    /// crash, the ones whose container is not locked are leftovers.
+    pub fn temp_files(&self) -> Vec<(String, PathBuf)> {
+        temp_files_in(&self.dir)
+    }
+
+    /// Moves the record of `container_id` aside as it is (a symbolic link
+    /// or a directory is moved itself, never followed) to
+    /// `damaged/<id>/<unix time>.json`, and returns that path. Call it
+    /// with the container locked.
+    pub fn set_aside(&self, container_id: &str) -> Result<PathBuf, Error> {
+        let from = self.path(container_id);
+        let dir = self.damaged_dir(container_id);
+        create_private_dir(&dir)?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        for n in 0..1000 {
+            let name = if n == 0 {
+                format!("{now}.json")
+            } else {
+                format!("{now}.{n}.json")
+            };
+            let to = dir.join(name);
+            if fs::symlink_metadata(&to).is_ok() {
+                continue;
+            }
+            fs::rename(&from, &to)
+                .map_err(io_error(&from, "cannot move the damaged record aside"))?;
+            return Ok(to);
+        }
+        Err(io_error(&dir, "cannot move the damaged record aside")(
+            io::Error::other("too many damaged records this second"),
+        ))
+    }
+
+    /// Whether a damaged record of `container_id` was ever moved aside.
+    pub fn was_set_aside(&self, container_id: &str) -> bool {
+        fs::symlink_metadata(self.damaged_dir(container_id)).is_ok_and(|m| m.is_dir())
     }
 }
 
-fn parse(path: &Path, text: &[u8]) -> Result<Record, Error> {
-    let record: Record = serde_json::from_slice(text).map_err(|e| Error::Corrupt {
+fn parse(container_id: &str, path: &Path, text: &[u8]) -> Result<Record, Error> {
+    let damaged = |why: String| Error::Damaged {
         path: path.to_path_buf(),
-        why: e.to_string(),
-    })?;
+        why,
+    };
+    if text.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(damaged("it is empty".into()));
+    }
+    let record: Record =
+        serde_json::from_slice(text).map_err(|e| damaged(format!("it does not parse: {e}")))?;
     if record.kind != KIND {
-        return Err(Error::Corrupt {
-            path: path.to_path_buf(),
-            why: format!("unknown kind {:?}", record.kind),
-        });
+        return Err(damaged(format!("unknown kind {:?}", record.kind)));
+    }
+    // A record under another container's name would make its DEL rewrite
+    // that container's record.
+    if record.container_id != container_id {
+        return Err(damaged(format!(
+            "it holds the record of container {:?}",
+            record.container_id
+        )));
     }
     Ok(record)
+}
+
+/// The per-container lock files, `<stateDir>/locks/<id>.lock`.
+#[derive(Debug)]
+pub struct Locks {
+    dir: PathBuf,
+}
+
+/// A held lock, released when dropped (its descriptor closes).
+#[derive(Debug)]
+pub struct Held {
+    /// Kept open for the lock: closing it releases the lock.
+    _file: File,
+    path: PathBuf,
+}
+
+impl Held {
+    /// Removes the lock file while still holding it, then releases it.
+    /// Safe because every taker checks, once it holds a lock, that the
+    /// path still names the file it locked, and starts over if not.
+    pub fn unlink(self) -> Result<(), Error> {
+        match fs::remove_file(&self.path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error(&self.path, "cannot remove the lock file")(e)),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Locks {
+    /// Opens `<state_dir>/locks`, creating it (0700).
+    pub fn open(state_dir: &Path) -> Result<Self, Error> {
+        let dir = state_dir.join("locks");
+        create_private_dir(&dir)?;
+        Ok(Self { dir })
+    }
+
+    fn path(&self, container_id: &str) -> PathBuf {
+        self.dir.join(format!("{container_id}.lock"))
+    }
+
+    /// Locks container `container_id`, waiting as long as it takes.
+    pub fn lock(&self, container_id: &str) -> Result<Held, Error> {
+        acquire(&self.path(container_id), libc::LOCK_EX, true)
+    }
+
+    /// Locks container `container_id` if nobody holds it; `None` if
+    /// someone does.
+    pub fn try_lock(&self, container_id: &str) -> Result<Option<Held>, Error> {
+        let path = self.path(container_id);
+        match acquire(&path, libc::LOCK_EX | libc::LOCK_NB, false) {
+            Ok(h) => Ok(Some(h)),
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The lock every operation holds shared while it runs.
+    pub fn gc_shared(&self) -> Result<Held, Error> {
+        acquire(&self.dir.join(GC_LOCK), libc::LOCK_SH, true)
+    }
+
+    /// The lock the plugins' GC holds exclusively.
+    pub fn gc_exclusive(&self) -> Result<Held, Error> {
+        acquire(&self.dir.join(GC_LOCK), libc::LOCK_EX, true)
+    }
+
+    /// Container ids that have a lock file.
+    pub fn ids(&self) -> Vec<String> {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name();
+                let id = name.to_str()?.strip_suffix(".lock")?;
+                is_valid_name(id).then(|| id.to_string())
+            })
+            .collect()
+    }
+}
+
+/// Opens (creating it 0600, never through a symbolic link) and flocks
+/// `path`. Without LOCK_NB it tries a non-blocking lock first, then waits.
+/// With LOCK_NB, a lock held elsewhere is an `Io` error of kind
+/// `WouldBlock`.
+fn acquire(path: &Path, op: i32, wait: bool) -> Result<Held, Error> {
+    loop {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(io_error(path, "cannot open the lock file"))?;
+        let taken = flock(&file, op | libc::LOCK_NB).map_err(io_error(path, "cannot lock"))?;
+        if !taken {
+            if !wait {
+                return Err(io_error(path, "locked by another operation")(
+                    io::ErrorKind::WouldBlock.into(),
+                ));
+            }
+            flock(&file, op).map_err(io_error(path, "cannot lock"))?;
+        }
+        // The previous holder may have unlinked the file (the container's
+        // record went away), and someone may have made a new one since: a
+        // lock on an unlinked file excludes nobody, so start over.
+        let mine = file
+            .metadata()
+            .map_err(io_error(path, "cannot stat the lock file"))?;
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.dev() == mine.dev() && m.ino() == mine.ino() => {
+                return Ok(Held {
+                    _file: file,
+                    path: path.to_path_buf(),
+                })
+            }
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_error(path, "cannot look up the lock file")(e)),
+        }
+    }
+}
+
+/// flock(2), retried on EINTR; Ok(false) when LOCK_NB was asked and the
+/// lock is held elsewhere.
+fn flock(file: &File, op: i32) -> io::Result<bool> {
+    loop {
+        // SAFETY: flock(2) on a descriptor `file` owns; no memory involved.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) if op & libc::LOCK_NB != 0 => return Ok(false),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// The markers of running plugin process groups, `<stateDir>/running`.
+/// The runner writes one before a plugin reads its stdin and removes it
+/// once the plugin is reaped, so a marker that outlives its daemon names
+/// plugins nobody waits for.
+#[derive(Debug)]
+pub struct Markers {
+    dir: PathBuf,
+    /// This boot's id: a marker from an earlier boot names nothing alive.
+    boot_id: String,
+    seq: AtomicU64,
+}
+
+/// One marker found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    pub container_id: String,
+    pub path: PathBuf,
+    pub state: MarkerState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkerState {
+    /// A group of this boot that may still run.
+    Running(Group),
+    /// Written before the last reboot: nothing of it can be alive.
+    EarlierBoot,
+    /// Unreadable: the group cannot be identified safely (killing by pgid
+    /// alone could hit a stranger), so the marker is only removed.
+    Unreadable,
+}
+
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+impl Markers {
+    /// Opens `<state_dir>/running`, creating it (0700).
+    pub fn open(state_dir: &Path) -> Result<Self, Error> {
+        let dir = state_dir.join("running");
+        create_private_dir(&dir)?;
+        let boot_id = fs::read_to_string(BOOT_ID)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        Ok(Self {
+            dir,
+            boot_id,
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    fn path(&self, container_id: &str, pgid: i32) -> PathBuf {
+        self.dir.join(format!("{container_id}.{pgid}"))
+    }
+
+    /// The markers of `container_id`.
+    pub fn of(&self, container_id: &str) -> Result<Vec<Marker>, Error> {
+        self.scan(Some(container_id))
+    }
+
+    /// Every marker.
+    pub fn all(&self) -> Result<Vec<Marker>, Error> {
+        self.scan(None)
+    }
+
+    fn scan(&self, only: Option<&str>) -> Result<Vec<Marker>, Error> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_error(&self.dir, "cannot list the plugin markers")(e)),
+        };
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some((id, pgid)) = name.to_str().and_then(|n| n.rsplit_once('.')) else {
+                continue;
+            };
+            if !is_valid_name(id) || only.is_some_and(|o| o != id) {
+                continue;
+            }
+            let Ok(pgid) = pgid.parse::<i32>() else {
+                continue;
+            };
+            if pgid <= 0 {
+                continue;
+            }
+            out.push(Marker {
+                container_id: id.to_string(),
+                path: e.path(),
+                state: self.read(&e.path(), pgid),
+            });
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    fn read(&self, path: &Path, pgid: i32) -> MarkerState {
+        let mut text = String::new();
+        let read = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .and_then(|f| f.take(256).read_to_string(&mut text));
+        if read.is_err() {
+            return MarkerState::Unreadable;
+        }
+        let mut words = text.split_whitespace();
+        let Some(start_time) = words.next().and_then(|w| w.parse::<u64>().ok()) else {
+            return MarkerState::Unreadable;
+        };
+        match words.next() {
+            Some(boot) if !self.boot_id.is_empty() && boot != self.boot_id => {
+                MarkerState::EarlierBoot
+            }
+            _ => MarkerState::Running(Group { pgid, start_time }),
+        }
+    }
+
+    /// Removes a marker (no error when it is already gone).
+    pub fn remove(&self, marker: &Marker) -> Result<(), Error> {
+        match fs::remove_file(&marker.path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error(&marker.path, "cannot remove the plugin marker")(e)),
+        }
+    }
+
+    /// Temporary files of marker writes, as (container id, path).
+    pub fn temp_files(&self) -> Vec<(String, PathBuf)> {
+        temp_files_in(&self.dir)
+    }
+}
+
+impl Journal for Markers {
+    fn started(&self, container_id: &str, group: Group) -> io::Result<()> {
+        let tmp = self.dir.join(format!(
+            ".{container_id}.{}.{}.tmp",
+            std::process::id(),
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        ));
+        let body = format!("{} {}\n", group.start_time, self.boot_id);
+        // Not synced: a power loss kills the plugins too, and a marker that
+        // survives one is told apart by its boot id.
+        write_atomically(
+            &tmp,
+            &self.path(container_id, group.pgid),
+            body.as_bytes(),
+            false,
+        )
+        .map_err(|e| {
+            // The path and the step stay in the message; the kind is kept.
+            let kind = match &e {
+                Error::Io { source, .. } => source.kind(),
+                Error::Damaged { .. } => io::ErrorKind::Other,
+            };
+            io::Error::new(kind, e.to_string())
+        })
+    }
+
+    fn finished(&self, container_id: &str, group: Group) {
+        let path = self.path(container_id, group.pgid);
+        if let Err(e) = fs::remove_file(&path) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(container_id, path = %path.display(), cause = %e, "cannot remove a plugin marker");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::os::unix::fs::symlink;
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
 
-    #[test]
-    fn records_should_round_trip_and_empty_ones_vanish() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        assert!(store.load("c1").unwrap().is_none());
-        let mut r = Record::new("c1");
+    fn record(id: &str) -> Record {
+        let mut r = Record::new(id);
         r.attachments.push(Attachment {
             ifname: "eth0".into(),
             netns: "/run/netns/x".into(),
@@ -389,6 +880,15 @@ mod tests {
                 result: None,
             }],
         });
+        r
+    }
+
+    #[test]
+    fn records_should_round_trip_and_empty_ones_vanish() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert!(store.load("c1").unwrap().is_none());
+        let mut r = record("c1");
         store.save(&r, Durability::Synced).unwrap();
         assert_eq!(store.load("c1").unwrap().unwrap(), r);
         assert_eq!(store.list().unwrap(), vec!["c1".to_string()]);
@@ -399,11 +899,149 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_record_should_be_reported_with_its_path() {
+    fn every_kind_of_damage_should_be_reported_and_set_aside_as_it_was() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        fs::write(store.dir().join("c2.json"), b"{").unwrap();
-        let e = store.load("c2").unwrap_err().to_string();
-        assert!(e.contains("c2.json"), "{e}");
+        store.save(&record("good"), Durability::Atomic).unwrap();
+        let good = fs::read(store.path("good")).unwrap();
+        let other = serde_json::to_vec(&record("good")).unwrap();
+        let mut kind = record("kind");
+        kind.kind = "somethingElse".into();
+        let kind = serde_json::to_vec(&kind).unwrap();
+        let files: Vec<(&str, Vec<u8>)> = vec![
+            ("empty", Vec::new()),
+            ("truncated", good[..good.len() / 2].to_vec()),
+            ("garbage", b"\x00\xffnot json".to_vec()),
+            ("other", other),
+            ("kind", kind),
+        ];
+        for (id, bytes) in &files {
+            fs::write(store.path(id), bytes).unwrap();
+        }
+        fs::create_dir(store.path("adir")).unwrap();
+        fs::write(store.path("adir").join("inside"), b"x").unwrap();
+        symlink(store.path("good"), store.path("alink")).unwrap();
+
+        for id in [
+            "empty",
+            "truncated",
+            "garbage",
+            "other",
+            "kind",
+            "adir",
+            "alink",
+        ] {
+            let e = store.load(id).unwrap_err();
+            assert!(e.is_damaged(), "{id}: {e}");
+            assert!(e.to_string().contains(&format!("{id}.json")), "{e}");
+            let to = store.set_aside(id).unwrap();
+            assert!(
+                to.starts_with(store.dir().join("damaged").join(id)),
+                "{to:?}"
+            );
+            assert!(store.load(id).unwrap().is_none(), "{id} is still there");
+            assert!(store.was_set_aside(id));
+            match id {
+                "adir" => assert_eq!(fs::read(to.join("inside")).unwrap(), b"x"),
+                "alink" => assert_eq!(fs::read_link(&to).unwrap(), store.path("good")),
+                _ => {
+                    let bytes = &files.iter().find(|(i, _)| *i == id).unwrap().1;
+                    assert_eq!(&fs::read(&to).unwrap(), bytes, "{id}");
+                }
+            }
+        }
+        // The record the link and the copy pointed at is untouched.
+        assert_eq!(fs::read(store.path("good")).unwrap(), good);
+        assert!(!store.was_set_aside("good"));
+        // A second damaged record the same second gets a name of its own.
+        fs::write(store.path("empty"), b"").unwrap();
+        let second = store.set_aside("empty").unwrap();
+        assert_eq!(
+            fs::read_dir(second.parent().unwrap()).unwrap().count(),
+            2,
+            "{second:?}"
+        );
+    }
+
+    #[test]
+    fn readers_should_create_and_remove_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("state");
+        let store = Store::at(&missing);
+        assert!(store.list().unwrap().is_empty());
+        assert!(store.load("c1").unwrap().is_none());
+        assert!(!missing.exists());
+
+        let store = Store::open(&missing).unwrap();
+        store.save(&record("c1"), Durability::Atomic).unwrap();
+        let tmp = store.dir().join(".c.1.2.3.4.tmp");
+        fs::write(&tmp, b"half").unwrap();
+        assert_eq!(Store::at(&missing).list().unwrap(), vec!["c1".to_string()]);
+        assert!(tmp.exists(), "a reader removed a write in progress");
+        assert_eq!(store.temp_files(), vec![("c.1.2".to_string(), tmp)]);
+    }
+
+    #[test]
+    fn a_lock_should_exclude_others_and_survive_being_unlinked() {
+        let dir = tempfile::tempdir().unwrap();
+        let locks = Arc::new(Locks::open(dir.path()).unwrap());
+        let held = locks.lock("c1").unwrap();
+        assert!(locks.try_lock("c1").unwrap().is_none());
+        assert!(locks.try_lock("c2").unwrap().is_some());
+
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let locks = locks.clone();
+            std::thread::spawn(move || {
+                let h = locks.lock("c1").unwrap();
+                tx.send(()).unwrap();
+                // Held until the main thread has checked it is exclusive.
+                std::thread::park();
+                drop(h);
+            })
+        };
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        let path = held.path().to_path_buf();
+        held.unlink().unwrap();
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the waiter never got the lock");
+        // The waiter locked a fresh file at the same path, so it still
+        // excludes whoever comes next.
+        assert!(path.exists());
+        assert!(locks.try_lock("c1").unwrap().is_none());
+        waiter.thread().unpark();
+        waiter.join().unwrap();
+        assert!(locks.try_lock("c1").unwrap().is_some());
+        assert_eq!(locks.ids().len(), 2);
+    }
+
+    #[test]
+    fn markers_should_name_their_group_until_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Markers::open(dir.path()).unwrap();
+        let g = Group {
+            pgid: 4242,
+            start_time: 777,
+        };
+        m.started("a", g).unwrap();
+        m.started("a.1", Group { pgid: 7, ..g }).unwrap();
+        let of_a = m.of("a").unwrap();
+        assert_eq!(of_a.len(), 1, "{of_a:?}");
+        assert_eq!(of_a[0].state, MarkerState::Running(g));
+        assert_eq!(of_a[0].container_id, "a");
+        assert_eq!(m.of("a.1").unwrap().len(), 1);
+        assert_eq!(m.all().unwrap().len(), 2);
+        m.finished("a", g);
+        assert!(m.of("a").unwrap().is_empty());
+
+        fs::write(dir.path().join("running/b.9"), "12 another-boot\n").unwrap();
+        fs::write(dir.path().join("running/c.9"), "garbage").unwrap();
+        assert_eq!(m.of("b").unwrap()[0].state, MarkerState::EarlierBoot);
+        assert_eq!(m.of("c").unwrap()[0].state, MarkerState::Unreadable);
+        for marker in m.all().unwrap() {
+            m.remove(&marker).unwrap();
+        }
+        assert!(m.all().unwrap().is_empty());
+        assert!(m.temp_files().is_empty());
     }
 }

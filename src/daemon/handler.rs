@@ -136,7 +136,36 @@ impl Networks {
                 Ok(Reply::Result(out))
             }
             Command::Del => {
-                self.engine.del(&inv).await.map_err(failure)?;
+                let cap_args = config
+                    .get("runtimeConfig")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                // Called only when the container's record was damaged:
+                // the networks a runtime without records would DEL.
+                let configured = || async {
+                    let selected = selection::select(&self.selection, &inv.ifname, &requested)
+                        .map_err(|e| {
+                            cni::Error::new(
+                                ErrorKind::Invalid,
+                                code::INVALID_NETWORK_CONFIG,
+                                e.to_string(),
+                            )
+                        })?;
+                    let mut planned = Vec::with_capacity(selected.len());
+                    for s in selected {
+                        planned.push(Planned {
+                            list: self.engine.load(&s.network).await?,
+                            ifname: s.ifname,
+                            primary: s.primary,
+                        });
+                    }
+                    Ok(planned)
+                };
+                self.engine
+                    .del(&inv, cap_args, configured)
+                    .await
+                    .map_err(failure)?;
                 Ok(Reply::Done)
             }
             Command::Check => {

@@ -1,0 +1,164 @@
+//! A daemon killed with -9 in self-bind mode (no systemd to kill what is
+//! left in its cgroup) must not leak what its still-running plugins make:
+//! the next daemon kills them before it runs that container's plugins.
+//! Debian's bridge and host-local behind a slow fake. Needs root.
+
+mod support;
+
+use std::fs;
+
+use serde_json::json;
+use support::cni::{cni, conflist, ok, processes_matching, Call, Engine, SETTLE};
+use support::daemon::wait_until;
+use support::netns::{bridge_ports, Link, Netns, Subnet};
+
+/// Without the fix, in 10 of 10 trials the orphaned plugin finished after
+/// the new daemon's DEL and left eth0, a bridge port and an address behind
+/// with no record.
+#[test]
+fn plugins_of_a_killed_daemon_should_not_outlive_the_next_del() {
+    const TRIALS: usize = 3;
+    let e = Engine::new("crash-orphan");
+    let br = Link::bridge();
+    let subnet = Subnet::new();
+    let net = "orphan-net";
+    // Reads its stdin, says it started, takes 0.4 s, then is the bridge
+    // plugin. The shell waits for bridge, so while any process runs from
+    // the fakes' directory, the plugin may still act.
+    e.fake(
+        "slowbridge",
+        r#"if [ "$CNI_COMMAND" = ADD ]; then
+  touch "$DIR/started.$CNI_CONTAINERID"
+  sleep 0.4
+fi
+printf '%s' "$STDIN" | /usr/lib/cni/bridge"#,
+    );
+    let mut plugin = json!({"type": "slowbridge", "bridge": br.name});
+    plugin["ipam"] = e.host_local(&subnet);
+    e.write_network("10-orphan.conflist", &conflist(net, "1.0.0", vec![plugin]));
+    let fakes = format!("{}/", e.bin_dir.display());
+
+    for trial in 0..TRIALS {
+        let id = format!("orphan-{trial}");
+        let ns = Netns::new();
+        let mut d = e.start(&format!("d{trial}"), net, "10s");
+        let add = Call::new("ADD", &id, &ns, "eth0").spawn(&d);
+        wait_until(SETTLE, "the slow plugin to start", || {
+            e.dir.join(&format!("started.{id}")).exists()
+        });
+        d.signal(libc::SIGKILL);
+        d.wait_exit(SETTLE);
+        let _ = add.finish();
+
+        let d2 = e.start(&format!("d{trial}-next"), net, "10s");
+        ok(&d2, &cni(&d2, "DEL", &id, &ns, "eth0"));
+        // Whatever of the orphan is left has run to its end by now.
+        wait_until(SETTLE, "no plugin process to be left", || {
+            processes_matching(&fakes).is_empty()
+        });
+        let log = || {
+            format!(
+                "--- killed ---\n{}\n--- next ---\n{}",
+                d.log_text(),
+                d2.log_text()
+            )
+        };
+        assert!(
+            !ns.has_link("eth0"),
+            "trial {trial}: eth0 left: {:?}\n{}",
+            ns.ifaces(),
+            log()
+        );
+        assert_eq!(
+            bridge_ports(&br.name),
+            Vec::<String>::new(),
+            "trial {trial}\n{}",
+            log()
+        );
+        assert_eq!(
+            e.reservations(net),
+            Vec::<String>::new(),
+            "trial {trial}\n{}",
+            log()
+        );
+        assert_eq!(
+            e.records(),
+            Vec::<String>::new(),
+            "trial {trial}\n{}",
+            log()
+        );
+        let markers = support::cni::list_dir(&e.state_dir.join("running"));
+        assert!(
+            markers.is_empty(),
+            "trial {trial}: markers left: {markers:?}"
+        );
+        fs::remove_file(e.dir.join(&format!("started.{id}"))).unwrap();
+    }
+}
+
+/// A successor that takes the socket over while its predecessor is still
+/// running a plugin leaves that plugin alone at start-up (the container is
+/// locked); once the predecessor dies with -9, the successor's next call
+/// for the container kills it before running anything. The plugin waits
+/// for `$DIR/go`, given only after the DEL: if it survived, it would then
+/// make eth0.
+#[test]
+fn a_successor_should_kill_what_a_predecessor_killed_mid_takeover_left() {
+    let e = Engine::new("crash-takeover");
+    let br = Link::bridge();
+    let subnet = Subnet::new();
+    let net = "takeover-net";
+    e.fake(
+        "gatebridge",
+        r#"if [ "$CNI_COMMAND" = ADD ]; then
+  touch "$DIR/started.$CNI_CONTAINERID"
+  for _ in $(seq 2000); do [ -e "$DIR/go" ] && break; sleep 0.01; done
+fi
+printf '%s' "$STDIN" | /usr/lib/cni/bridge"#,
+    );
+    let mut plugin = json!({"type": "gatebridge", "bridge": br.name});
+    plugin["ipam"] = e.host_local(&subnet);
+    e.write_network(
+        "10-takeover.conflist",
+        &conflist(net, "1.0.0", vec![plugin]),
+    );
+    let fakes = format!("{}/", e.bin_dir.display());
+    let ns = Netns::new();
+
+    let mut old = e.start("old", net, "30s");
+    let add = Call::new("ADD", "taken-1", &ns, "eth0").spawn(&old);
+    wait_until(SETTLE, "the gated plugin to start", || {
+        e.dir.join("started.taken-1").exists()
+    });
+    // Same socket path: the successor takes it over; the predecessor
+    // drains its ADD, which is still in its plugin.
+    let new = e.start("new", net, "30s");
+    assert!(old.running());
+    assert!(!processes_matching(&fakes).is_empty());
+    old.signal(libc::SIGKILL);
+    old.wait_exit(SETTLE);
+    let _ = add.finish();
+
+    ok(&new, &cni(&new, "DEL", "taken-1", &ns, "eth0"));
+    fs::write(e.dir.join("go"), b"").unwrap();
+    wait_until(SETTLE, "no plugin process to be left", || {
+        processes_matching(&fakes).is_empty()
+    });
+    let log = || {
+        format!(
+            "--- old ---\n{}\n--- new ---\n{}",
+            old.log_text(),
+            new.log_text()
+        )
+    };
+    assert!(
+        !ns.has_link("eth0"),
+        "eth0 left: {:?}\n{}",
+        ns.ifaces(),
+        log()
+    );
+    assert_eq!(bridge_ports(&br.name), Vec::<String>::new(), "{}", log());
+    assert_eq!(e.reservations(net), Vec::<String>::new(), "{}", log());
+    assert_eq!(e.records(), Vec::<String>::new(), "{}", log());
+    assert!(support::cni::list_dir(&e.state_dir.join("running")).is_empty());
+}

@@ -1210,4 +1210,44 @@ mod tests {
         let p = r.find("p").unwrap();
         assert_eq!(*r.versions(&p).await.unwrap(), vec!["1.0.0".to_string()]);
     }
+
+    #[tokio::test]
+    async fn failed_version_should_cost_one_bounded_call_for_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        let count = dir.path().join("count");
+        let calls = || std::fs::read_to_string(&count).unwrap().lines().count();
+        script(
+            dir.path(),
+            "p",
+            &format!("echo x >> {}; exec sleep 1000", count.display()),
+        );
+        let mut r = Runner::new(vec![dir.path().into()], Duration::from_secs(30), None);
+        assert_eq!(r.version_timeout, VERSION_TIMEOUT);
+        r.version_timeout = Duration::from_millis(300);
+        let p = r.find("p").unwrap();
+
+        // Concurrent callers share the one (bounded) VERSION call.
+        let t = std::time::Instant::now();
+        let (a, b, c) = tokio::join!(r.versions(&p), r.versions(&p), r.versions(&p));
+        assert!(a.is_none() && b.is_none() && c.is_none());
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert_eq!(calls(), 1);
+        // Remembered: no call, no wait.
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            assert!(r.versions(&p).await.is_none());
+            assert!(
+                t.elapsed() < Duration::from_millis(150),
+                "{:?}",
+                t.elapsed()
+            );
+        }
+        assert_eq!(calls(), 1);
+        // Once the failure is old, the plugin is asked again.
+        r.version_retry = Duration::ZERO;
+        assert!(r.versions(&p).await.is_none());
+        assert_eq!(calls(), 2);
+        let short = Runner::new(Vec::new(), Duration::from_secs(1), None);
+        assert_eq!(short.version_timeout, Duration::from_secs(1));
+    }
 }

@@ -247,7 +247,9 @@ fn live_members(group: Group) -> Vec<i32> {
 ///
 /// A pid that names a live process with another start time was reused: the
 /// kernel frees a pid only once no process has it as its group id either,
-/// so the recorded group is gone and nothing is killed.
+/// so the recorded group is gone and nothing is killed. A pgid below 2 is
+/// refused (InvalidInput): no plugin has it, and kill(-1) would signal every
+/// process.
 pub fn kill_stale_group(group: Group, wait: Duration) -> io::Result<bool> {
     if group.pgid <= 1 {
         return Err(io::Error::new(

@@ -5,7 +5,16 @@
 //! Every plugin runs in its own process group. The group is killed when the
 //! deadline passes, and again after the plugin exits (leftover children),
 //! before the plugin itself is reaped: the group id cannot be reused while
-//! the unreaped plugin holds it, so the kill never hits a stranger.
+//! the unreaped plugin holds it, so the kill never hits a stranger. The
+//! answer is what the plugin printed by the time it exited: a process that
+//! left the group (setsid) and inherited the pipes is neither waited for nor
+//! killed (under systemd the unit's cgroup takes care of it), and no task,
+//! buffer or descriptor of the call outlives it.
+//!
+//! With a [`Journal`], each plugin's process group is noted before the
+//! plugin gets a byte of its config, so a daemon restarted after a crash can
+//! kill what the old one left running ([`kill_stale_group`]); a plugin whose
+//! daemon died before its config was written reads EOF and does nothing.
 //!
 //! Plugins are started with posix_spawn (vfork semantics): no `pre_exec`
 //! hook, because one forces a real fork, which copies the daemon's page
@@ -20,15 +29,15 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
-use tokio::sync::OnceCell;
+use tokio::sync::Mutex as AsyncMutex;
 
 use super::types::code;
 use crate::metrics::{Metrics, PluginLabels};
@@ -37,8 +46,19 @@ use crate::metrics::{Metrics, PluginLabels};
 pub const STDOUT_CAP: usize = 1 << 20;
 /// Most of a plugin's stderr that is kept (for the log and error details).
 pub const STDERR_CAP: usize = 64 << 10;
-/// How long to wait for pipes to close once the plugin's group is dead.
-const PIPE_GRACE: Duration = Duration::from_secs(2);
+/// How long to keep reading once the plugin has exited and its group was
+/// killed: what it printed is in the pipe already, and the killed members
+/// close their ends within microseconds. Only a process outside the group
+/// that inherited the pipes keeps them open past this.
+const PIPE_GRACE: Duration = Duration::from_millis(100);
+/// Most a VERSION call may take (less when `pluginTimeout` is shorter).
+/// Plugins answer it in milliseconds without touching the system, and it
+/// runs before the ADD it serves: a hung VERSION must not cost a whole
+/// `pluginTimeout` on top of the call.
+pub const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a failed VERSION is remembered for a binary; meanwhile the
+/// network's own version is used without asking again.
+pub const VERSION_RETRY: Duration = Duration::from_secs(60);
 /// `PATH` for plugins when the daemon has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// libcni retries exec on ETXTBSY (a binary being replaced) this often.
@@ -170,19 +190,135 @@ pub trait Journal: Send + Sync + std::fmt::Debug + 'static {
 
 /// The start time of `pid` (field 22 of /proc/<pid>/stat), if it exists.
 pub fn start_time(pid: i32) -> Option<u64> {
-    let _ = pid;
-    None
+    read_stat(pid).map(|s| s.start_time)
+}
+
+/// What the runner needs of /proc/<pid>/stat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stat {
+    zombie: bool,
+    pgrp: i32,
+    start_time: u64,
+}
+
+fn read_stat(pid: i32) -> Option<Stat> {
+    if pid <= 0 {
+        return None;
+    }
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Parses a stat line. The command name (field 2) may hold spaces and
+/// parentheses, so fields are counted from its last `)`.
+fn parse_stat(text: &str) -> Option<Stat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    // Field 3 (state) is index 0 here, so field N is index N - 3.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(Stat {
+        // X (dead) is on its way out like a zombie.
+        zombie: matches!(*fields.first()?, "Z" | "X"),
+        pgrp: fields.get(2)?.parse().ok()?,
+        start_time: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// Live (non-zombie) members of `group`: processes in process group
+/// `group.pgid` that started no earlier than its leader.
+fn live_members(group: Group) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            read_stat(pid).is_some_and(|s| {
+                !s.zombie && s.pgrp == group.pgid && s.start_time >= group.start_time
+            })
+        })
+        .collect()
 }
 
 /// Kills a group recorded by an earlier daemon: SIGKILL to the group if its
 /// leader is still the recorded process (same start time), or, when the
-/// leader is gone, to members of that group that started no earlier than the
-/// leader; then waits, up to `wait`, until no live (non-zombie) member
-/// remains. Blocking. Ok(true) when something was killed, Ok(false) when
-/// nothing of the group was left, Err when members survived `wait`.
+/// leader is gone, to members of that group (pgrp == pgid in /proc/*/stat)
+/// that started no earlier than the leader; then waits, up to `wait`, until
+/// no live (non-zombie) member remains. Blocking. Ok(true) when something was
+/// killed, Ok(false) when nothing of the group was left, Err when members
+/// survived `wait`.
+///
+/// A pid that names a live process with another start time was reused: the
+/// kernel frees a pid only once no process has it as its group id either,
+/// so the recorded group is gone and nothing is killed. A pgid below 2 is
+/// refused (InvalidInput): no plugin has it, and kill(-1) would signal every
+/// process.
 pub fn kill_stale_group(group: Group, wait: Duration) -> io::Result<bool> {
-    let _ = (group, wait);
-    Ok(false)
+    if group.pgid <= 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a plugin's process group id", group.pgid),
+        ));
+    }
+    let leader_is_ours = match read_stat(group.pgid) {
+        Some(s) if s.start_time == group.start_time => true,
+        Some(_) => return Ok(false),
+        None => false,
+    };
+    let deadline = std::time::Instant::now() + wait;
+    let mut killed = false;
+    loop {
+        let members = live_members(group);
+        if members.is_empty() {
+            return Ok(killed);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "process group {} (leader start time {}): {members:?} still alive {} after SIGKILL",
+                    group.pgid,
+                    group.start_time,
+                    crate::duration::format(wait)
+                ),
+            ));
+        }
+        if leader_is_ours {
+            // One signal to the group also gets children forked meanwhile.
+            // SAFETY: kill(2) with a negative pid signals a process group;
+            // no memory is involved.
+            unsafe { libc::kill(-group.pgid, libc::SIGKILL) };
+        } else {
+            for pid in members {
+                kill_member(pid, group);
+            }
+        }
+        killed = true;
+        // Killed processes go away within milliseconds; this bounds how
+        // often /proc is scanned meanwhile.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SIGKILL to `pid` through a pidfd, after checking (on that pidfd's
+/// process) that it still belongs to `group`, so a pid reused between the
+/// scan and the kill is never hit.
+fn kill_member(pid: i32, group: Group) {
+    let Some(fd) = u32::try_from(pid).ok().and_then(pidfd_open) else {
+        return;
+    };
+    let ours =
+        read_stat(pid).is_some_and(|s| s.pgrp == group.pgid && s.start_time >= group.start_time);
+    if ours {
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_send_signal(2) on a pidfd we own, with no siginfo.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+    }
 }
 
 /// A located plugin binary.
@@ -202,7 +338,17 @@ struct Stamp {
     mtime: Option<SystemTime>,
 }
 
-type VersionCell = Arc<OnceCell<Arc<Vec<String>>>>;
+/// What is known of a binary's VERSION answer.
+#[derive(Debug)]
+enum Known {
+    Supports(Arc<Vec<String>>),
+    /// It failed at this time: not asked again for a while.
+    Failed(tokio::time::Instant),
+}
+
+/// One binary's entry. Held across the VERSION call, so concurrent calls
+/// for a binary ask it once and share the answer (or the failure).
+type VersionCell = Arc<AsyncMutex<Option<Known>>>;
 
 /// Runs plugins from a search path with one deadline per call.
 #[derive(Debug)]
@@ -211,6 +357,8 @@ pub struct Runner {
     cni_path: String,
     path_env: String,
     timeout: Duration,
+    version_timeout: Duration,
+    version_retry: Duration,
     versions: Mutex<HashMap<PathBuf, (Stamp, VersionCell)>>,
     metrics: Option<Arc<Metrics>>,
     journal: Option<Arc<dyn Journal>>,
@@ -232,6 +380,8 @@ impl Runner {
             cni_path,
             path_env,
             timeout,
+            version_timeout: timeout.min(VERSION_TIMEOUT),
+            version_retry: VERSION_RETRY,
             versions: Mutex::new(HashMap::new()),
             metrics,
             journal: None,
@@ -280,31 +430,44 @@ impl Runner {
     /// The versions `plugin` supports, from its VERSION answer, cached per
     /// binary until the file changes. A plugin that does not answer
     /// VERSION usefully gives `None` (the caller falls back to the list's
-    /// own version, as libcni does).
+    /// own version, as libcni does), and is not asked again for
+    /// [`VERSION_RETRY`]: a hung or broken VERSION costs once, not on every
+    /// call.
     pub async fn versions(&self, plugin: &Plugin) -> Option<Arc<Vec<String>>> {
         let cell = {
             let mut map = self.versions.lock().unwrap_or_else(|e| e.into_inner());
             match map.get(&plugin.path) {
                 Some((stamp, cell)) if *stamp == plugin.stamp => cell.clone(),
                 _ => {
-                    let cell: VersionCell = Arc::new(OnceCell::new());
+                    let cell = VersionCell::default();
                     map.insert(plugin.path.clone(), (plugin.stamp, cell.clone()));
                     cell
                 }
             }
         };
-        let got = cell
-            .get_or_try_init(|| async {
-                match self.ask_version(plugin).await {
-                    Ok(v) => Ok(Arc::new(v)),
-                    Err(e) => {
-                        tracing::warn!(plugin = %plugin.name, cause = %e, "VERSION failed; using the network's version");
-                        Err(())
-                    }
-                }
-            })
-            .await;
-        got.ok().cloned()
+        let mut known = cell.lock().await;
+        match &*known {
+            Some(Known::Supports(v)) => return Some(v.clone()),
+            Some(Known::Failed(at)) if at.elapsed() < self.version_retry => return None,
+            _ => {}
+        }
+        match self.ask_version(plugin).await {
+            Ok(v) => {
+                let v = Arc::new(v);
+                *known = Some(Known::Supports(v.clone()));
+                Some(v)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    plugin = %plugin.name,
+                    cause = %e,
+                    retry_after = %crate::duration::format(self.version_retry),
+                    "VERSION failed; using the network's version"
+                );
+                *known = Some(Known::Failed(tokio::time::Instant::now()));
+                None
+            }
+        }
     }
 
     async fn ask_version(&self, plugin: &Plugin) -> Result<Vec<String>, ExecError> {
@@ -316,8 +479,9 @@ impl Runner {
             ifname: "dummy".into(),
             args: String::new(),
         };
+        let stdin = br#"{"cniVersion":"1.1.0"}"#.to_vec();
         let out = match self
-            .run(plugin, &env, br#"{"cniVersion":"1.1.0"}"#.to_vec())
+            .run_within(plugin, &env, stdin, self.version_timeout)
             .await
         {
             Ok(out) => out,
@@ -359,8 +523,19 @@ impl Runner {
         env: &CallEnv,
         stdin: Vec<u8>,
     ) -> Result<Vec<u8>, ExecError> {
+        self.run_within(plugin, env, stdin, self.timeout).await
+    }
+
+    /// [`Runner::run`] with its own deadline.
+    async fn run_within(
+        &self,
+        plugin: &Plugin,
+        env: &CallEnv,
+        stdin: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, ExecError> {
         let started = std::time::Instant::now();
-        let out = self.run_once(plugin, env, stdin).await;
+        let out = self.run_once(plugin, env, stdin, timeout).await;
         if let Some(m) = &self.metrics {
             let outcome = match &out {
                 Ok(_) => "success",
@@ -383,6 +558,7 @@ impl Runner {
         plugin: &Plugin,
         env: &CallEnv,
         stdin: Vec<u8>,
+        timeout: Duration,
     ) -> Result<Vec<u8>, ExecError> {
         let mut cmd = std::process::Command::new(&plugin.path);
         cmd.env_clear()
@@ -398,10 +574,8 @@ impl Runner {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        let name = plugin.name.clone();
-        let path = plugin.path.clone();
         let io_err = |what: &'static str| {
-            let (plugin, path) = (name.clone(), path.clone());
+            let (plugin, path) = (plugin.name.clone(), plugin.path.clone());
             move |source: io::Error| ExecError::Io {
                 plugin,
                 path,
@@ -409,62 +583,76 @@ impl Runner {
                 source,
             }
         };
-        let mut child = spawn(cmd, &plugin.name, &plugin.path).await?;
-        let guard = Reaper::new(child.id());
+        // VERSION, STATUS and GC leave nothing behind worth a journal entry.
+        let journal = match &self.journal {
+            Some(j) if !env.container_id.is_empty() => Some((j.clone(), env.container_id.clone())),
+            _ => None,
+        };
+        let (mut child, mut reaper) = spawn(cmd, plugin, journal).await?;
+        let pid = child.id();
         let stdin_pipe = take_pipe(
             child.stdin.take().map(OwnedFd::from),
             pipe::Sender::from_owned_fd,
         )
         .map_err(io_err("stdin"))?;
-        let stdout_pipe = take_pipe(
+        let mut stdout_pipe = take_pipe(
             child.stdout.take().map(OwnedFd::from),
             pipe::Receiver::from_owned_fd,
         )
         .map_err(io_err("stdout"))?;
-        let stderr_pipe = take_pipe(
+        let mut stderr_pipe = take_pipe(
             child.stderr.take().map(OwnedFd::from),
             pipe::Receiver::from_owned_fd,
         )
         .map_err(io_err("stderr"))?;
 
-        let io = async move {
-            let feed = async move {
-                let mut tx = stdin_pipe;
-                // A plugin may exit without reading stdin: EPIPE is fine.
-                let _ = tx.write_all(&stdin).await;
-                drop(tx);
-            };
-            let ((), out, err) = tokio::join!(
-                feed,
-                read_capped(stdout_pipe, STDOUT_CAP),
-                read_capped(stderr_pipe, STDERR_CAP)
-            );
-            (out, err)
-        };
-        let io = tokio::spawn(io);
-
-        let pid = child.id();
+        // The pipes are driven right here, not in tasks of their own: when
+        // this returns (or is dropped) nothing of the call is left running.
+        let mut feed = Feed::new(stdin_pipe, stdin);
+        let mut out = Capture::new(STDOUT_CAP);
+        let mut err = Capture::new(STDERR_CAP);
         let exited = wait_exit(pid);
         tokio::pin!(exited);
-        let timed_out = match tokio::time::timeout(self.timeout, &mut exited).await {
-            Ok(_) => false,
-            Err(_) => {
-                kill_group(pid);
-                (&mut exited).await;
-                true
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let timed_out = loop {
+            tokio::select! {
+                () = &mut exited => break false,
+                () = &mut deadline => break true,
+                () = feed.run(), if feed.is_open() => {}
+                () = out.fill(&mut stdout_pipe), if !out.is_done() => {}
+                () = err.fill(&mut stderr_pipe), if !err.is_done() => {}
             }
         };
+        // A child that inherited stdin could hold this write forever.
+        drop(feed);
+        if timed_out {
+            kill_group(pid);
+            (&mut exited).await;
+        }
         // The plugin is a zombie now, holding its group id: kill whatever
         // it left running in the group, then reap it.
         kill_group(pid);
-        let status = guard.reap(&mut child);
-        let (out, err) = match tokio::time::timeout(PIPE_GRACE, io).await {
-            Ok(Ok((out, err))) => (out, err),
-            // Something outside the group kept a pipe open: give up on it.
-            _ => (Ok((Vec::new(), false)), Ok((Vec::new(), false))),
-        };
-        let (stdout, stdout_cut) = out.map_err(io_err("reading stdout"))?;
-        let (stderr, _) = err.unwrap_or_default();
+        let status = reaper.reap(&mut child);
+        // What the plugin printed is in the pipes: read it. Only a process
+        // that left the group can keep them open past the grace; it is
+        // neither waited for nor killed.
+        let drained = tokio::time::timeout(PIPE_GRACE, async {
+            tokio::join!(out.fill(&mut stdout_pipe), err.fill(&mut stderr_pipe))
+        })
+        .await;
+        drop((stdout_pipe, stderr_pipe));
+        if drained.is_err() {
+            tracing::debug!(
+                plugin = %plugin.name,
+                command = env.command,
+                container_id = %env.container_id,
+                "a process outside the plugin's group kept its output open; answering from what the plugin printed"
+            );
+        }
+        reaper.finish().await;
+
+        let (stderr, _) = err.into_parts().unwrap_or_default();
         if !stderr.is_empty() {
             tracing::info!(
                 plugin = %plugin.name,
@@ -480,9 +668,10 @@ impl Runner {
                 plugin: plugin.name.clone(),
                 path: plugin.path.clone(),
                 command: env.command,
-                after: self.timeout,
+                after: timeout,
             });
         }
+        let (stdout, stdout_cut) = out.into_parts().map_err(io_err("reading stdout"))?;
         if stdout_cut {
             return Err(ExecError::TooMuchOutput {
                 plugin: plugin.name.clone(),
@@ -528,39 +717,107 @@ impl Runner {
     }
 }
 
+/// Why [`spawn`]'s blocking part failed.
+enum SpawnFailure {
+    Exec(io::Error),
+    Journal(io::Error),
+}
+
 /// Spawns on the blocking pool (fork+exec waits for the exec), retrying
-/// "text file busy" like libcni.
+/// "text file busy" like libcni. With a journal, the plugin's group is
+/// noted there before this returns, that is before its stdin is written.
+/// The reaper is made on the blocking pool too: if this future is dropped
+/// while the spawn runs, dropping its output there kills and reaps the
+/// plugin.
 async fn spawn(
     mut cmd: std::process::Command,
-    name: &str,
-    path: &Path,
-) -> Result<Child, ExecError> {
+    plugin: &Plugin,
+    journal: Option<(Arc<dyn Journal>, String)>,
+) -> Result<(Child, Reaper), ExecError> {
     let mut tries = 0;
     loop {
+        let journal = journal.clone();
         let (back, res) = tokio::task::spawn_blocking(move || {
-            let r = cmd.spawn();
+            let r = match cmd.spawn() {
+                Ok(child) => start(child, journal),
+                Err(e) => Err(SpawnFailure::Exec(e)),
+            };
             (cmd, r)
         })
         .await
         .map_err(|e| ExecError::Spawn {
-            plugin: name.to_string(),
-            path: path.to_path_buf(),
+            plugin: plugin.name.clone(),
+            path: plugin.path.clone(),
             source: io::Error::other(e.to_string()),
         })?;
         cmd = back;
         match res {
-            Ok(child) => return Ok(child),
-            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < TXTBSY_RETRIES => {
+            Ok(started) => return Ok(started),
+            Err(SpawnFailure::Exec(e))
+                if e.raw_os_error() == Some(libc::ETXTBSY) && tries < TXTBSY_RETRIES =>
+            {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Err(source) => {
+            Err(SpawnFailure::Exec(source)) => {
                 return Err(ExecError::Spawn {
-                    plugin: name.to_string(),
-                    path: path.to_path_buf(),
+                    plugin: plugin.name.clone(),
+                    path: plugin.path.clone(),
                     source,
                 })
             }
+            Err(SpawnFailure::Journal(source)) => {
+                return Err(ExecError::Io {
+                    plugin: plugin.name.clone(),
+                    path: plugin.path.clone(),
+                    what: "noting the plugin's process group before giving it its config",
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Blocking: notes a just spawned plugin in the journal. When that fails,
+/// the plugin is killed and reaped before it has read anything (its stdin
+/// was not written).
+fn start(
+    mut child: Child,
+    journal: Option<(Arc<dyn Journal>, String)>,
+) -> Result<(Child, Reaper), SpawnFailure> {
+    let pid = child.id();
+    let Some((journal, container_id)) = journal else {
+        return Ok((child, Reaper::new(pid, None)));
+    };
+    let noted = i32::try_from(pid)
+        .ok()
+        .and_then(|pgid| {
+            // The unreaped child is still in /proc, even if it exited.
+            start_time(pgid).map(|start_time| Group { pgid, start_time })
+        })
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "cannot read the start time of pid {pid} in /proc/{pid}/stat"
+            ))
+        })
+        .and_then(|group| {
+            journal.started(&container_id, group)?;
+            Ok(group)
+        });
+    match noted {
+        Ok(group) => {
+            let note = Note {
+                journal,
+                container_id,
+                group,
+            };
+            Ok((child, Reaper::new(pid, Some(note))))
+        }
+        Err(e) => {
+            kill_group(pid);
+            // We are on the blocking pool; the plugin is dead or dying.
+            let _ = child.wait();
+            Err(SpawnFailure::Journal(e))
         }
     }
 }
@@ -569,22 +826,107 @@ fn take_pipe<T>(fd: Option<OwnedFd>, wrap: impl FnOnce(OwnedFd) -> io::Result<T>
     wrap(fd.ok_or_else(|| io::Error::other("pipe missing"))?)
 }
 
-/// Reads to EOF, keeping at most `cap` bytes (and draining the rest so the
-/// writer never blocks); the flag says whether anything was dropped.
-async fn read_capped<R: AsyncRead + Unpin>(mut r: R, cap: usize) -> io::Result<(Vec<u8>, bool)> {
-    let mut buf = Vec::new();
-    let mut chunk = vec![0u8; 16 << 10];
-    let mut cut = false;
-    loop {
-        let n = r.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok((buf, cut));
+/// A plugin's stdin being written. Every step can be abandoned (the select
+/// loop drops it) without losing track of what was sent.
+struct Feed {
+    pipe: Option<pipe::Sender>,
+    data: Vec<u8>,
+    sent: usize,
+}
+
+impl Feed {
+    fn new(pipe: pipe::Sender, data: Vec<u8>) -> Self {
+        let mut feed = Self {
+            pipe: Some(pipe),
+            data,
+            sent: 0,
+        };
+        if feed.data.is_empty() {
+            feed.close();
         }
-        let room = cap.saturating_sub(buf.len());
-        if n > room {
-            cut = true;
+        feed
+    }
+
+    fn is_open(&self) -> bool {
+        self.pipe.is_some()
+    }
+
+    /// Writes the rest, then closes the pipe so the plugin sees EOF.
+    async fn run(&mut self) {
+        while let Some(tx) = &mut self.pipe {
+            match tx.write(&self.data[self.sent..]).await {
+                Ok(n) if n > 0 => {
+                    self.sent += n;
+                    if self.sent >= self.data.len() {
+                        self.close();
+                    }
+                }
+                // A plugin may exit without reading stdin: EPIPE is fine.
+                _ => self.close(),
+            }
         }
-        buf.extend_from_slice(&chunk[..n.min(room)]);
+    }
+
+    fn close(&mut self) {
+        self.pipe = None;
+        self.data = Vec::new();
+    }
+}
+
+/// Output of a plugin being read, keeping at most `cap` bytes (and draining
+/// the rest so the writer never blocks). Reading can be abandoned at any
+/// point and resumed: what was read stays here.
+struct Capture {
+    buf: Vec<u8>,
+    cap: usize,
+    cut: bool,
+    eof: bool,
+    error: Option<io::Error>,
+    chunk: Vec<u8>,
+}
+
+impl Capture {
+    fn new(cap: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            cap,
+            cut: false,
+            eof: false,
+            error: None,
+            chunk: Vec::new(),
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.eof || self.error.is_some()
+    }
+
+    /// Reads until EOF or an error.
+    async fn fill(&mut self, r: &mut pipe::Receiver) {
+        if self.chunk.is_empty() {
+            self.chunk = vec![0u8; 16 << 10];
+        }
+        while !self.is_done() {
+            match r.read(&mut self.chunk).await {
+                Ok(0) => self.eof = true,
+                Ok(n) => {
+                    let room = self.cap.saturating_sub(self.buf.len());
+                    if n > room {
+                        self.cut = true;
+                    }
+                    self.buf.extend_from_slice(&self.chunk[..n.min(room)]);
+                }
+                Err(e) => self.error = Some(e),
+            }
+        }
+    }
+
+    /// What was read and whether some was dropped; the read error if any.
+    fn into_parts(self) -> io::Result<(Vec<u8>, bool)> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok((self.buf, self.cut)),
+        }
     }
 }
 
@@ -649,19 +991,37 @@ fn kill_group(pid: u32) {
     }
 }
 
-/// Makes sure a plugin is killed and reaped even when the call is dropped
-/// half-way (its future cancelled).
+/// A plugin run noted in a journal, to be closed once the plugin is reaped.
+struct Note {
+    journal: Arc<dyn Journal>,
+    container_id: String,
+    group: Group,
+}
+
+impl Note {
+    /// Blocking.
+    fn finished(self) {
+        self.journal.finished(&self.container_id, self.group);
+    }
+}
+
+/// Makes sure a plugin is killed and reaped, and its journal entry closed,
+/// even when the call is dropped half-way (its future cancelled).
 struct Reaper {
     pid: Option<u32>,
+    note: Option<Note>,
 }
 
 impl Reaper {
-    fn new(pid: u32) -> Self {
-        Self { pid: Some(pid) }
+    fn new(pid: u32, note: Option<Note>) -> Self {
+        Self {
+            pid: Some(pid),
+            note,
+        }
     }
 
     /// Reaps the exited child without blocking; `None` if it cannot.
-    fn reap(mut self, child: &mut Child) -> Option<std::process::ExitStatus> {
+    fn reap(&mut self, child: &mut Child) -> Option<std::process::ExitStatus> {
         match child.try_wait() {
             Ok(Some(s)) => {
                 self.pid = None;
@@ -673,22 +1033,43 @@ impl Reaper {
             _ => None,
         }
     }
+
+    /// Closes the journal entry of a reaped plugin, on the blocking pool.
+    async fn finish(mut self) {
+        if self.pid.is_none() {
+            if let Some(note) = self.note.take() {
+                // Runs to the end even if this future is dropped.
+                let _ = tokio::task::spawn_blocking(move || note.finished()).await;
+            }
+        }
+        // Otherwise Drop kills, reaps and closes the entry.
+    }
 }
 
 impl Drop for Reaper {
     fn drop(&mut self) {
-        if let Some(pid) = self.pid.take() {
+        let pid = self.pid.take();
+        let note = self.note.take();
+        if pid.is_none() && note.is_none() {
+            return;
+        }
+        if let Some(pid) = pid {
             kill_group(pid);
-            let reap = move || {
+        }
+        let reap = move || {
+            if let Some(pid) = pid {
                 let mut status = 0;
                 // SAFETY: waitpid(2) on our own child, valid pointer.
                 unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
-            };
-            if tokio::runtime::Handle::try_current().is_ok() {
-                drop(tokio::task::spawn_blocking(reap));
-            } else {
-                reap();
             }
+            if let Some(note) = note {
+                note.finished();
+            }
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            drop(tokio::task::spawn_blocking(reap));
+        } else {
+            reap();
         }
     }
 }
@@ -713,6 +1094,7 @@ fn snippet(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
 
     fn script(dir: &Path, name: &str, body: &str) {
         let p = dir.join(name);
@@ -829,5 +1211,45 @@ mod tests {
         script(dir.path(), "p", &format!("{}   ", body("1.0.0")));
         let p = r.find("p").unwrap();
         assert_eq!(*r.versions(&p).await.unwrap(), vec!["1.0.0".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn failed_version_should_cost_one_bounded_call_for_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        let count = dir.path().join("count");
+        let calls = || std::fs::read_to_string(&count).unwrap().lines().count();
+        script(
+            dir.path(),
+            "p",
+            &format!("echo x >> {}; exec sleep 1000", count.display()),
+        );
+        let mut r = Runner::new(vec![dir.path().into()], Duration::from_secs(30), None);
+        assert_eq!(r.version_timeout, VERSION_TIMEOUT);
+        r.version_timeout = Duration::from_millis(300);
+        let p = r.find("p").unwrap();
+
+        // Concurrent callers share the one (bounded) VERSION call.
+        let t = std::time::Instant::now();
+        let (a, b, c) = tokio::join!(r.versions(&p), r.versions(&p), r.versions(&p));
+        assert!(a.is_none() && b.is_none() && c.is_none());
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert_eq!(calls(), 1);
+        // Remembered: no call, no wait.
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            assert!(r.versions(&p).await.is_none());
+            assert!(
+                t.elapsed() < Duration::from_millis(150),
+                "{:?}",
+                t.elapsed()
+            );
+        }
+        assert_eq!(calls(), 1);
+        // Once the failure is old, the plugin is asked again.
+        r.version_retry = Duration::ZERO;
+        assert!(r.versions(&p).await.is_none());
+        assert_eq!(calls(), 2);
+        let short = Runner::new(Vec::new(), Duration::from_secs(1), None);
+        assert_eq!(short.version_timeout, Duration::from_secs(1));
     }
 }

@@ -397,6 +397,14 @@ impl NetworkList {
                 format!("plugins[{i}].type")
             };
             match p.get("type") {
+                Some(Value::String(t)) if SHIM_TYPES.contains(&t.as_str()) => {
+                    return Err(field(
+                        &key,
+                        format!(
+                            "{t:?} is a thick-plugin shim, not a delegate: running it would make the daemon call itself"
+                        ),
+                    ))
+                }
                 Some(Value::String(t))
                     if !t.is_empty() && !t.contains('/') && t != "." && t != ".." => {}
                 Some(Value::String(t)) if t.is_empty() => {
@@ -505,6 +513,11 @@ pub fn at_least(v: &str, min: &str) -> bool {
 }
 
 const EXTENSIONS: &[&str] = &["conf", "conflist", "json"];
+
+/// Plugin types that are thick-plugin shims: run as a delegate, one
+/// forwards the call back to a daemon (this one, when it serves the
+/// multus socket too), which then waits on itself.
+const SHIM_TYPES: &[&str] = &["plexus-shim", "multus-shim"];
 
 fn is_single(path: &Path) -> bool {
     path.extension().and_then(|e| e.to_str()) != Some("conflist")
@@ -692,6 +705,30 @@ mod tests {
                 other => panic!("{key}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn shim_types_should_be_refused_as_delegates() {
+        for shim in ["plexus-shim", "multus-shim"] {
+            let list = json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":shim}]});
+            let single = json!({"cniVersion":"1.0.0","name":"n","type":shim});
+            for (v, is_single, key) in [(list, false, "plugins[1].type"), (single, true, "type")] {
+                match NetworkList::from_value(Path::new("f"), v, is_single) {
+                    Err(ConfigError::Field { key: k, why, .. }) => {
+                        assert_eq!(k, key);
+                        assert!(why.contains(shim) && why.contains("call itself"), "{why}");
+                    }
+                    other => panic!("{shim}: {other:?}"),
+                }
+            }
+        }
+        // A name that merely contains one is an ordinary plugin.
+        NetworkList::from_value(
+            Path::new("f"),
+            json!({"cniVersion":"1.0.0","name":"n","type":"plexus-shim-helper"}),
+            true,
+        )
+        .unwrap();
     }
 
     #[test]

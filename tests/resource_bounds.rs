@@ -477,3 +477,38 @@ fn half_closed_client_should_get_its_answer() {
         .collect();
     assert_eq!(ran.len(), 1);
 }
+
+/// The unit's `LimitNOFILE=` covers the shipped configurations' connection
+/// cap plus the plugin runs' reserve, so the daemon never has to lower
+/// the cap (it had no `LimitNOFILE=`: 1024 descriptors for 1024
+/// connections and every plugin run).
+#[test]
+fn unit_nofile_should_cover_the_shipped_configs() {
+    use plexus::limit::{descriptors_needed, fit_to_descriptors};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let unit = fs::read_to_string(root.join("systemd/plexusd.service")).unwrap();
+    let soft: usize = unit
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("LimitNOFILE="))
+        .expect("plexusd.service sets no LimitNOFILE=")
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("LimitNOFILE= is a number");
+    for file in [
+        "packaging/debian/daemon-config.json",
+        "packaging/rpm/daemon-config.json",
+    ] {
+        let path = root.join(file);
+        let c = plexus::config::Config::from_json(&path, &fs::read(&path).unwrap()).unwrap();
+        let max = c.limit.max_connections.get();
+        let slots = c.limit.connection_limit.map(|n| n.get());
+        let needed = descriptors_needed(max, slots);
+        assert!(
+            soft >= needed,
+            "{file}: LimitNOFILE={soft} < {needed} descriptors needed"
+        );
+        assert_eq!(fit_to_descriptors(max, slots, soft), max, "{file}");
+    }
+}

@@ -24,6 +24,9 @@ pub struct IdleConnections {
     inner: Mutex<Inner>,
     /// Signalled when a connection becomes a candidate.
     candidate: Notify,
+    /// Signalled when an evicted connection turned out to have received
+    /// its request head at the same moment, and stays.
+    declined: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -100,6 +103,12 @@ impl IdleConnections {
         true
     }
 
+    /// Resolves after the next time an eviction was declined (see
+    /// [`Ticket::decline`]); `enable` it before evicting.
+    pub fn declined(&self) -> Notified<'_> {
+        self.declined.notified()
+    }
+
     /// Whether a connection could be evicted now.
     pub fn has_candidate(&self) -> bool {
         self.lock().entries.values().any(|e| e.polled)
@@ -139,6 +148,12 @@ impl Ticket {
     pub fn busy(&self) {
         self.busy.store(true, Ordering::Release);
         self.set.remove(self.id);
+    }
+
+    /// The connection was chosen for eviction just as its request head
+    /// arrived: it stays, and whoever evicted it has to look again.
+    pub fn decline(&self) {
+        self.set.declined.notify_waiters();
     }
 
     /// Whether a request head has arrived.
@@ -184,6 +199,24 @@ mod tests {
         assert!(!set.evict_oldest());
         assert!(!ea.is_cancelled());
         assert_eq!(set.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn decline_should_wake_the_evictor() {
+        let set = Arc::new(IdleConnections::new());
+        let (a, ea) = set.register();
+        a.polled();
+        let declined = set.declined();
+        tokio::pin!(declined);
+        declined.as_mut().enable();
+        assert!(set.evict_oldest());
+        // The head arrived at the same moment.
+        a.busy();
+        assert!(ea.is_cancelled() && a.is_busy());
+        a.decline();
+        tokio::time::timeout(std::time::Duration::from_secs(5), declined)
+            .await
+            .expect("woken");
     }
 
     #[tokio::test]

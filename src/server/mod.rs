@@ -523,6 +523,14 @@ async fn make_room<H>(
         let candidate = shared.idle.candidate();
         tokio::pin!(candidate);
         candidate.as_mut().enable();
+        let declined = shared.idle.declined();
+        tokio::pin!(declined);
+        declined.as_mut().enable();
+        match connections.try_acquire() {
+            Slot::Free(p) => return Some(p),
+            Slot::Closed => return None,
+            Slot::Full => {}
+        }
         if !evicted && shared.idle.evict_oldest() {
             evicted = true;
             shared.metrics.connections_evicted.inc();
@@ -538,6 +546,8 @@ async fn make_room<H>(
             biased;
             p = connections.acquire() => return p,
             _ = &mut candidate, if !evicted => {}
+            // The one chosen got its request head just then: choose again.
+            _ = &mut declined, if evicted => evicted = false,
             _ = stopped => return None,
         }
     }
@@ -564,6 +574,9 @@ fn evicted_response() -> Vec<u8> {
 /// client hung up (half-closed clients are still answered, so hyper's EOF
 /// cannot tell).
 const HANG_UP_CHECK: Duration = Duration::from_millis(100);
+
+/// Most bytes hyper buffers per connection (request heads included).
+const READ_BUFFER_BYTES: usize = 64 << 10;
 
 /// Why a connection task ended.
 enum Ended {
@@ -601,10 +614,14 @@ fn serve_connection<H: Handler>(
         // still wait for the answer (hyper would take that EOF for a
         // cancellation).
         .half_close(true)
+        // Bodies are copied out as they arrive; a larger read buffer
+        // would only double what a big request costs.
+        .max_buf_size(READ_BUFFER_BYTES)
         .serve_connection(TokioIo::new(stream), service);
     let conn_shared = shared.clone();
     tracker.spawn(async move {
         let mut evicted = std::pin::pin!(evict.cancelled());
+        let mut declined = false;
         let mut first_poll = true;
         let mut hang_up_check: Option<tokio::time::Interval> = None;
         let ended = std::future::poll_fn(|cx| {
@@ -625,6 +642,12 @@ fn serve_connection<H: Handler>(
                     if peer_hung_up(fd) {
                         return Poll::Ready(Ended::HungUp);
                     }
+                }
+                // Chosen for eviction as its head arrived: a request in
+                // progress is never evicted.
+                if !declined && evict.is_cancelled() {
+                    declined = true;
+                    ticket.decline();
                 }
             } else if evicted.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Ended::Evicted);

@@ -32,7 +32,9 @@ const NET: &str = "rb-net";
 const MIB: u64 = 1 << 20;
 
 /// The fake `rbplug`: an ADD appends "start <id>" and "add <id>" to
-/// `<dir>/calls` around a nap of 1 s for containers named `slow-*`.
+/// `<dir>/calls` around a nap of 1 s for containers named `slow-*`, or,
+/// for `hold-*`, a wait until the test opens and closes the FIFO
+/// `<dir>/gate` for writing.
 fn network(e: &Engine) {
     e.fake(
         "rbplug",
@@ -40,6 +42,7 @@ fn network(e: &Engine) {
   echo "start $CNI_CONTAINERID" >> "$DIR/calls"
   case "$CNI_CONTAINERID" in
     slow-*) sleep 1 ;;
+    hold-*) cat "$DIR/gate" > /dev/null ;;
   esac
   echo "add $CNI_CONTAINERID" >> "$DIR/calls"
   echo '{"cniVersion":"1.0.0"}'
@@ -194,10 +197,17 @@ fn sockaddr_un(path: &Path) -> libc::sockaddr_un {
 /// body budget every body is read and parsed while it waits for a slot
 /// (over 200 MiB); with it the daemon holds about the budget (16 MiB) of
 /// bodies, and gives the memory back once the burst is over.
+/// `PLEXUS_BURST=<clients>:<KiB>` changes the burst (for measurements).
 #[test]
 fn burst_of_large_requests_should_stay_within_the_body_budget() {
-    const N: usize = 200;
-    const BODY: usize = 512 << 10;
+    let (clients, kib) = std::env::var("PLEXUS_BURST")
+        .ok()
+        .and_then(|v| {
+            let (n, k) = v.split_once(':')?;
+            Some((n.parse().ok()?, k.parse().ok()?))
+        })
+        .unwrap_or((200usize, 512usize));
+    let body_bytes = kib << 10;
     const BUDGET: u64 = plexus::server::DEFAULT_BODY_BUDGET_BYTES as u64;
     let e = Engine::new("rb-mem");
     network(&e);
@@ -206,8 +216,8 @@ fn burst_of_large_requests_should_stay_within_the_body_budget() {
         json!({"connectionLimit": 2, "queueTimeout": "120s", "readTimeout": "120s"}),
     );
     let ns = Netns::new();
-    // Padding such that the base64 config makes a body of about BODY.
-    let pad = BODY * 3 / 4;
+    // Padding such that the base64 config makes a body of about body_bytes.
+    let pad = body_bytes * 3 / 4;
     let warm = http::send_raw(&d.sock, &raw_add(&d.sock, "mem-warm", &ns, pad)).unwrap();
     assert_eq!(warm.status, 200, "{}", warm.body_str());
     let before = vm(d.pid(), "VmRSS");
@@ -215,8 +225,8 @@ fn burst_of_large_requests_should_stay_within_the_body_budget() {
     // One request serialised, the container id swapped per client.
     let template = raw_add(&d.sock, "mem-0000", &ns, pad);
     let at = template.windows(8).position(|w| w == b"mem-0000").unwrap();
-    let barrier = Arc::new(Barrier::new(N));
-    let clients: Vec<_> = (0..N)
+    let barrier = Arc::new(Barrier::new(clients));
+    let threads: Vec<_> = (0..clients)
         .map(|i| {
             let mut raw = template.clone();
             raw[at..at + 8].copy_from_slice(format!("mem-{i:04}").as_bytes());
@@ -232,7 +242,7 @@ fn burst_of_large_requests_should_stay_within_the_body_budget() {
         })
         .collect();
     let t0 = Instant::now();
-    let statuses: Vec<u16> = clients
+    let statuses: Vec<u16> = threads
         .into_iter()
         .map(|c| c.join().unwrap().status)
         .collect();
@@ -244,12 +254,12 @@ fn burst_of_large_requests_should_stay_within_the_body_budget() {
         d.log_text()
     );
     let added = calls(&e).iter().filter(|l| l.starts_with("add ")).count();
-    assert_eq!(added, N + 1, "each ADD ran once");
+    assert_eq!(added, clients + 1, "each ADD ran once");
     // The budget of bodies, plus what the work and the buffers hold.
     let bound = before + BUDGET + 60 * MIB;
     println!(
-        "{N} x {} KiB: {took:?}; RSS before {} MiB, peak {} MiB",
-        BODY >> 10,
+        "{clients} x {} KiB: {took:?}; RSS before {} MiB, peak {} MiB",
+        body_bytes >> 10,
         before / MIB,
         peak / MIB
     );
@@ -277,6 +287,68 @@ fn burst_of_large_requests_should_stay_within_the_body_budget() {
         before / MIB
     );
     assert_eq!(metric(&d.sock, "plexus_request_body_bytes"), Some(0));
+}
+
+/// A body that finds the budget full waits for room only within
+/// readTimeout, then is turned away with "try again later" (code 11)
+/// rather than read into memory: here 16 bodies of 1000 KiB wait for the
+/// one processing slot (held by a plugin the test controls) and hold the
+/// 16 MiB budget.
+#[test]
+fn body_without_room_in_the_budget_should_get_try_again_later() {
+    let e = Engine::new("rb-budget");
+    network(&e);
+    let gate = e.dir.join("gate");
+    let c = std::ffi::CString::new(gate.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a path we own.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let d = start(
+        &e,
+        json!({"connectionLimit": 1, "queueTimeout": "60s", "readTimeout": "3s"}),
+    );
+    let ns = Netns::new();
+    let send = |id: &str, pad: usize| {
+        let raw = raw_add(&d.sock, id, &ns, pad);
+        let sock = d.sock.clone();
+        std::thread::spawn(move || {
+            let mut s = UnixStream::connect(&sock).unwrap();
+            s.set_read_timeout(Some(T)).unwrap();
+            // A body turned away is never read: the write may then fail,
+            // the answer is there all the same.
+            let _ = s.write_all(&raw);
+            http::read_response(&mut s).unwrap()
+        })
+    };
+    let holder = send("hold-slot", 0);
+    wait_until(T, "the slot to be taken", || {
+        calls(&e).contains(&"start hold-slot".to_string())
+    });
+    let pad = 750 << 10; // a body of about 1000 KiB
+    let queued: Vec<_> = (0..16).map(|i| send(&format!("fill-{i}"), pad)).collect();
+    wait_until(T, "16 requests queued", || {
+        metric(&d.sock, "plexus_requests_queued") == Some(16)
+    });
+    let held = metric(&d.sock, "plexus_request_body_bytes").unwrap();
+    assert!(held > 15 << 20, "the queued bodies hold {held} bytes");
+
+    let r = send("late", pad).join().unwrap();
+    assert_eq!(r.status, 503, "{}", r.body_str());
+    assert_eq!(r.json()["code"], 11, "{}", r.body_str());
+    let text = http::request(&d.sock, "GET", "/metrics", b"").unwrap();
+    assert!(
+        text.body_str()
+            .contains("plexus_requests_rejected_total{reason=\"body_budget\"} 1"),
+        "{}",
+        text.body_str()
+    );
+
+    // Open the gate: the held ADD and the queued ones finish.
+    drop(fs::OpenOptions::new().write(true).open(&gate).unwrap());
+    assert_eq!(holder.join().unwrap().status, 200);
+    for q in queued {
+        assert_eq!(q.join().unwrap().status, 200);
+    }
+    assert!(!calls(&e).contains(&"start late".to_string()));
 }
 
 /// plexusd as its own process with `RLIMIT_NOFILE` set to `nofile` (soft

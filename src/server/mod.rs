@@ -510,9 +510,9 @@ async fn accept_loop<H: Handler>(
 /// (accepted, polled, no request head yet) is closed to make room; with
 /// none (another accept loop took it, or while the backlog is drained),
 /// the client waits for a slot, and one that turns idle meanwhile is
-/// closed as well. After `stop` the client
-/// is served without a slot (one over the cap per listener, while the
-/// daemon drains) rather than left unanswered.
+/// closed as well. After `stop` the client is served without a slot (one
+/// over the cap per listener, while the daemon drains) rather than left
+/// unanswered.
 async fn make_room<H>(
     shared: &Shared<H>,
     connections: &ConnectionLimit,

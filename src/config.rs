@@ -253,6 +253,7 @@ impl Config {
             server: server::Config {
                 read_timeout,
                 max_body_bytes: api::MAX_BODY_BYTES,
+                body_budget_bytes: server::DEFAULT_BODY_BUDGET_BYTES,
             },
             logging: logging::Config {
                 level,

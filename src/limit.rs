@@ -1,16 +1,23 @@
-//! Admission control: the cap on open connections and the limit on CNI
-//! requests processed at once, with a bounded FIFO wait for a slot.
+//! Admission control: the cap on open connections, the limit on CNI
+//! requests processed at once with a bounded FIFO wait for a slot, and the
+//! budget of request-body bytes read at once.
 //!
 //! Slots are taken only once a request has fully arrived, so an idle or
 //! slow client never holds one. A slot is then held by the work, not the
 //! connection: the [`Permit`] moves into the task that runs the plugins and
 //! is freed when they are done, even if the client hung up long before.
+//!
+//! Descriptors: the connection cap is fitted under `RLIMIT_NOFILE` at
+//! start-up so that open connections can never take the descriptors the
+//! plugin runs need (pipes, lock and record files).
 
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tracing::{debug, info, warn};
 
 use crate::metrics::{Metrics, RejectLabels};
 
@@ -117,23 +124,276 @@ impl Admission {
     }
 }
 
-/// The cap on open connections: a permit is taken before `accept()`, so
-/// past the cap clients wait in the kernel's listen backlog.
+/// Descriptors kept free for everything but client connections: the
+/// daemon's own files (listeners, log, epoll, state files) and a margin.
+pub const FD_RESERVE_BASE: usize = 64;
+/// Descriptors kept free per processing slot: a plugin run holds its
+/// stdin, stdout and stderr pipes (both ends while it starts), the pipe
+/// `exec` reports errors on, a lock and a record file.
+pub const FD_RESERVE_PER_SLOT: usize = 8;
+
+/// The cap on open connections: a permit is taken before a connection is
+/// served, so past the cap clients wait in the kernel's listen backlog
+/// (or, when an idle connection can make room, are served in its place).
 #[derive(Debug, Clone)]
 pub struct ConnectionLimit {
     slots: Arc<Semaphore>,
+    cap: usize,
+}
+
+/// What [`ConnectionLimit::try_acquire`] found.
+#[derive(Debug)]
+pub enum Slot {
+    Free(OwnedSemaphorePermit),
+    Full,
+    Closed,
 }
 
 impl ConnectionLimit {
+    /// The cap of `config`, lowered when the process may not open enough
+    /// descriptors for it plus the reserve the plugin runs need (see
+    /// [`fit_to_descriptors`]). The soft `RLIMIT_NOFILE` is raised first,
+    /// as far as the hard limit allows and no further than needed.
     pub fn new(config: &Config) -> Self {
+        let wanted = config.max_connections.get();
+        let slots = config.connection_limit.map(NonZeroUsize::get);
+        let cap = match open_files_limit(descriptors_needed(wanted, slots)) {
+            Ok(nofile) => {
+                let cap = fit_to_descriptors(wanted, slots, nofile);
+                if cap < wanted {
+                    warn!(
+                        max_connections = wanted,
+                        effective = cap,
+                        nofile,
+                        reserve = FD_RESERVE_BASE + FD_RESERVE_PER_SLOT * slots.unwrap_or(cap),
+                        "maxConnections lowered to fit RLIMIT_NOFILE with descriptors \
+                         reserved for plugin runs; raise LimitNOFILE= to lift it"
+                    );
+                }
+                cap
+            }
+            Err(e) => {
+                warn!(cause = %e, "cannot read RLIMIT_NOFILE; maxConnections is used as is");
+                wanted
+            }
+        };
         Self {
-            slots: Arc::new(Semaphore::new(config.max_connections.get())),
+            slots: Arc::new(Semaphore::new(cap)),
+            cap,
         }
+    }
+
+    /// Connections served at most at once.
+    pub fn cap(&self) -> usize {
+        self.cap
     }
 
     /// A connection slot; `None` only if the limit was closed.
     pub async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
         self.slots.clone().acquire_owned().await.ok()
+    }
+
+    /// A connection slot if one is free now.
+    pub fn try_acquire(&self) -> Slot {
+        match self.slots.clone().try_acquire_owned() {
+            Ok(p) => Slot::Free(p),
+            Err(TryAcquireError::NoPermits) => Slot::Full,
+            Err(TryAcquireError::Closed) => Slot::Closed,
+        }
+    }
+}
+
+/// Descriptors `max_connections` connections need with the reserve:
+/// `FD_RESERVE_BASE + max_connections + FD_RESERVE_PER_SLOT * slots`,
+/// where without a `connectionLimit` every connection may run plugins.
+pub fn descriptors_needed(max_connections: usize, slots: Option<usize>) -> usize {
+    let slots = slots.unwrap_or(max_connections);
+    FD_RESERVE_BASE
+        .saturating_add(max_connections)
+        .saturating_add(FD_RESERVE_PER_SLOT.saturating_mul(slots))
+}
+
+/// The largest connection cap, at most `max_connections` and at least 1,
+/// that leaves the reserve free under a limit of `nofile` descriptors.
+pub fn fit_to_descriptors(max_connections: usize, slots: Option<usize>, nofile: usize) -> usize {
+    let room = nofile.saturating_sub(FD_RESERVE_BASE);
+    let cap = match slots {
+        Some(slots) => room.saturating_sub(FD_RESERVE_PER_SLOT.saturating_mul(slots)),
+        // Each connection may bring a plugin run of its own.
+        None => room / (1 + FD_RESERVE_PER_SLOT),
+    };
+    cap.clamp(1, max_connections.max(1))
+}
+
+/// The soft `RLIMIT_NOFILE`, raised towards `needed` within the hard limit.
+fn open_files_limit(needed: usize) -> std::io::Result<usize> {
+    let as_usize = |v: libc::rlim_t| {
+        if v == libc::RLIM_INFINITY {
+            usize::MAX
+        } else {
+            usize::try_from(v).unwrap_or(usize::MAX)
+        }
+    };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let soft = as_usize(lim.rlim_cur);
+    if soft >= needed {
+        return Ok(soft);
+    }
+    let raised = needed.min(as_usize(lim.rlim_max));
+    if raised <= soft {
+        return Ok(soft);
+    }
+    let new = libc::rlimit {
+        rlim_cur: raised as libc::rlim_t,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: setrlimit reads the struct we own; raising the soft limit
+    // within the hard one needs no privilege and affects only descriptor
+    // numbers allocated from now on.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
+        let e = std::io::Error::last_os_error();
+        debug!(cause = %e, soft, wanted = raised, "cannot raise RLIMIT_NOFILE");
+        return Ok(soft);
+    }
+    info!(from = soft, to = raised, "raised the soft RLIMIT_NOFILE");
+    Ok(raised)
+}
+
+/// Bytes of request bodies held at once from the start of their reading
+/// until the parsed request is handed to the work: a large body waits for
+/// room instead of taking memory, so a burst of big requests under a low
+/// `connectionLimit` costs at most the budget (plus what the work holds).
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    inner: Arc<BudgetInner>,
+}
+
+#[derive(Debug)]
+struct BudgetInner {
+    bytes: Arc<Semaphore>,
+    total: usize,
+    held: AtomicUsize,
+    /// Highest `held` since memory was last given back.
+    peak: AtomicUsize,
+    metrics: Arc<Metrics>,
+}
+
+/// Bytes of the budget held by one request; given back when dropped.
+#[derive(Debug)]
+pub struct BodyBytes {
+    budget: Arc<BudgetInner>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Once a burst has held this much, the allocator is asked to return
+/// freed memory to the system when the burst ends.
+pub const TRIM_AFTER_BYTES: usize = 4 << 20;
+
+impl BodyBudget {
+    /// A budget of `total` bytes (at least 1).
+    pub fn new(total: usize, metrics: Arc<Metrics>) -> Self {
+        let total = total.clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            inner: Arc::new(BudgetInner {
+                bytes: Arc::new(Semaphore::new(total)),
+                total,
+                held: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
+                metrics,
+            }),
+        }
+    }
+
+    /// Holds nothing yet; [`BodyBytes::grow`] adds to it.
+    pub fn hold(&self) -> BodyBytes {
+        BodyBytes {
+            budget: self.inner.clone(),
+            permit: None,
+        }
+    }
+
+    /// Bytes held by all requests together.
+    pub fn held(&self) -> usize {
+        self.inner.held.load(Ordering::Relaxed)
+    }
+}
+
+impl BodyBytes {
+    /// Bytes this request holds.
+    pub fn len(&self) -> usize {
+        self.permit.as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits (first come, first served) until `n` more bytes are free. A
+    /// single request never holds more than the whole budget, so a body
+    /// larger than it still gets read, alone.
+    pub async fn grow(&mut self, n: usize) -> Result<(), Error> {
+        let n = n.min(self.budget.total.saturating_sub(self.len()));
+        if n == 0 {
+            return Ok(());
+        }
+        let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+        let more = self
+            .budget
+            .bytes
+            .clone()
+            .acquire_many_owned(n32)
+            .await
+            .map_err(|_| Error::Closed)?;
+        let got = more.num_permits();
+        match &mut self.permit {
+            Some(p) => p.merge(more),
+            None => self.permit = Some(more),
+        }
+        let now = self.budget.held.fetch_add(got, Ordering::Relaxed) + got;
+        self.budget.peak.fetch_max(now, Ordering::Relaxed);
+        self.budget.metrics.body_bytes.inc_by(got as i64);
+        Ok(())
+    }
+}
+
+impl Drop for BodyBytes {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let n = permit.num_permits();
+        drop(permit);
+        self.budget.metrics.body_bytes.dec_by(n as i64);
+        let before = self.budget.held.fetch_sub(n, Ordering::Relaxed);
+        // The last body of a burst is gone: glibc keeps freed memory in its
+        // arenas (large buffers stop being mmapped once one was freed), so
+        // ask for it back, off the async workers.
+        if before == n && self.budget.peak.swap(0, Ordering::Relaxed) >= TRIM_AFTER_BYTES {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn_blocking(release_free_memory);
+            }
+        }
+    }
+}
+
+/// Returns the allocator's free memory to the system.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim has no preconditions; it only takes the
+        // allocator's own locks.
+        let released = unsafe { libc::malloc_trim(0) };
+        debug!(
+            released = released != 0,
+            "returned freed memory to the system"
+        );
     }
 }
 
@@ -183,6 +443,44 @@ mod tests {
         let m = Arc::new(Metrics::new());
         let a = Admission::new(&config(0, 0), m);
         let _p: Vec<_> = futures_lite(&a, 100).await;
+    }
+
+    #[test]
+    fn fit_to_descriptors_should_keep_the_reserve_free() {
+        // connectionLimit 2: 64 + 2 * 8 descriptors stay for plugin runs.
+        assert_eq!(fit_to_descriptors(1024, Some(2), 128), 48);
+        assert_eq!(descriptors_needed(48, Some(2)), 128);
+        // Room enough: maxConnections as configured.
+        assert_eq!(fit_to_descriptors(1024, Some(4), 65536), 1024);
+        // No connectionLimit: every connection may run plugins.
+        assert_eq!(fit_to_descriptors(1024, None, 1024), 106);
+        assert!(descriptors_needed(106, None) <= 1024);
+        assert!(descriptors_needed(107, None) > 1024);
+        // Never below one connection, even with no room at all.
+        assert_eq!(fit_to_descriptors(1024, Some(64), 100), 1);
+    }
+
+    #[tokio::test]
+    async fn body_budget_should_make_readers_wait_for_room() {
+        let m = Arc::new(Metrics::new());
+        let budget = BodyBudget::new(100, m.clone());
+        let mut a = budget.hold();
+        a.grow(60).await.unwrap();
+        let mut b = budget.hold();
+        // 60 + 50 > 100: b waits until a is dropped.
+        let waiting = tokio::time::timeout(Duration::from_millis(20), b.grow(50)).await;
+        assert!(waiting.is_err(), "b got room past the budget");
+        assert_eq!(b.len(), 0);
+        assert_eq!(m.body_bytes.get(), 60);
+        drop(a);
+        b.grow(50).await.unwrap();
+        // Chunks add up; one request never asks for more than the budget.
+        b.grow(1000).await.unwrap();
+        assert_eq!(b.len(), 100);
+        assert_eq!(budget.held(), 100);
+        drop(b);
+        assert_eq!(budget.held(), 0);
+        assert_eq!(m.body_bytes.get(), 0);
     }
 
     async fn futures_lite(a: &Admission, n: usize) -> Vec<Permit> {

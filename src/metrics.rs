@@ -55,6 +55,14 @@ pub struct Metrics {
     pub queued: Gauge,
     pub rejected: Family<RejectLabels, Counter>,
     pub connections_open: Gauge,
+    /// The cap on open connections in effect (after fitting it to the
+    /// descriptor limit).
+    pub connections_limit: Gauge,
+    pub connections_evicted: Counter,
+    pub accept_errors: Counter,
+    /// Bytes of request bodies held between their reading and the start
+    /// of their work.
+    pub body_bytes: Gauge,
     pub multus_requests: Family<MultusLabels, Counter>,
     pub plugin_calls: Family<PluginLabels, Histogram>,
 }
@@ -83,6 +91,10 @@ impl Metrics {
         let queued = Gauge::default();
         let rejected = Family::<RejectLabels, Counter>::default();
         let connections_open = Gauge::default();
+        let connections_limit = Gauge::default();
+        let connections_evicted = Counter::default();
+        let accept_errors = Counter::default();
+        let body_bytes = Gauge::default();
         let multus_requests = Family::<MultusLabels, Counter>::default();
         let plugin_calls = Family::<PluginLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
@@ -120,6 +132,26 @@ impl Metrics {
                 connections_open.clone(),
             );
             reg.register(
+                "connections_limit",
+                "Client connections served at most at once (maxConnections, lowered to fit the descriptor limit)",
+                connections_limit.clone(),
+            );
+            reg.register(
+                "connections_evicted",
+                "Connections closed before sending a request, to make room at the connection cap",
+                connections_evicted.clone(),
+            );
+            reg.register(
+                "accept_errors",
+                "Failed accept() calls on the listening sockets",
+                accept_errors.clone(),
+            );
+            reg.register(
+                "request_body_bytes",
+                "Bytes of request bodies held between their reading and the start of their work",
+                body_bytes.clone(),
+            );
+            reg.register(
                 "plugin_duration_seconds",
                 "Run time of each CNI plugin call, by plugin, command and outcome",
                 plugin_calls.clone(),
@@ -138,6 +170,10 @@ impl Metrics {
             queued,
             rejected,
             connections_open,
+            connections_limit,
+            connections_evicted,
+            accept_errors,
+            body_bytes,
             multus_requests,
             plugin_calls,
         }
@@ -177,6 +213,10 @@ mod tests {
             "plexus_connections_open",
             "plexus_request_duration_seconds",
             "plexus_requests_rejected",
+            "plexus_connections_limit",
+            "plexus_connections_evicted_total",
+            "plexus_accept_errors_total",
+            "plexus_request_body_bytes",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }

@@ -259,8 +259,10 @@ fn trickling_body_should_be_cut_off_at_read_timeout() {
     assert!(d.running());
 }
 
-/// Past maxConnections the daemon stops accepting; the kernel backlog
-/// holds the next client until a slot frees.
+/// Past maxConnections, with every connection busy with a request, the
+/// daemon stops accepting; the kernel backlog holds the next client until
+/// a slot frees. (Idle connections would make room instead: see
+/// tests/resource_bounds.rs.)
 #[test]
 fn max_connections_should_hold_excess_clients_in_the_backlog() {
     let dir = TestDir::new("maxconn");
@@ -283,8 +285,15 @@ fn max_connections_should_hold_excess_clients_in_the_backlog() {
         std::io::Read::read_to_end(&mut s, &mut buf).unwrap();
         http::parse_response(&buf).unwrap().body_str().to_string()
     };
-    let idle1 = UnixStream::connect(&d.sock).unwrap();
-    let idle2 = UnixStream::connect(&d.sock).unwrap();
+    // Busy: a request head has arrived, its body is still to come.
+    let busy = || {
+        let mut s = UnixStream::connect(&d.sock).unwrap();
+        s.write_all(b"POST /cni HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            .unwrap();
+        s
+    };
+    let busy1 = busy();
+    let busy2 = busy();
     wait_until(T, "two connections accepted", || {
         metrics().contains("plexus_connections_open 2\n")
     });
@@ -307,11 +316,11 @@ fn max_connections_should_hold_excess_clients_in_the_backlog() {
         "answered past maxConnections"
     );
     third.set_nonblocking(false).unwrap();
-    drop(idle1);
+    drop(busy1);
     third.set_read_timeout(Some(T)).unwrap();
     let r = http::read_response(&mut third).unwrap();
     assert_eq!(r.status, 200);
-    drop(idle2);
+    drop(busy2);
 }
 
 /// Connections waiting in the listen backlog of the unix socket at `path`

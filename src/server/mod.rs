@@ -7,13 +7,23 @@
 //! permit until the handler returns. A client that hangs up does not cut
 //! the work short, and does not free its slot early either; the drain and
 //! the idle timer wait for that task.
+//!
+//! Every resource a client can make the daemon hold is bounded: open
+//! connections by the (descriptor-fitted) connection cap, connections that
+//! send nothing by eviction at that cap and by the read timeout, request
+//! bodies by a byte budget, CNI work by admission.
 
+mod backoff;
+mod idle;
 mod routes;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use hyper::server::conn::http1;
@@ -24,8 +34,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::api;
-use crate::limit::{Admission, ConnectionLimit, Permit};
+use crate::limit::{Admission, BodyBudget, ConnectionLimit, Permit, Slot};
 use crate::metrics::Metrics;
+
+use backoff::AcceptBackoff;
+use idle::IdleConnections;
+
+/// Default of [`Config::body_budget_bytes`].
+pub const DEFAULT_BODY_BUDGET_BYTES: usize = 16 << 20;
 
 /// Settings of this module.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +50,10 @@ pub struct Config {
     pub read_timeout: Duration,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
+    /// Request-body bytes held at once, from their reading until the work
+    /// starts; a body waits (within the read timeout) for room. At least
+    /// one body of `max_body_bytes` always fits.
+    pub body_budget_bytes: usize,
 }
 
 /// What a successful CNI operation answers.
@@ -105,11 +125,18 @@ pub struct Shared<H> {
     pub activity: Activity,
     /// CNI work in flight, whether or not its client is still connected.
     pub work: Work,
+    /// Request-body bytes being read or waiting for admission.
+    pub budget: BodyBudget,
+    idle: Arc<IdleConnections>,
     draining: AtomicBool,
 }
 
 impl<H> Shared<H> {
     pub fn new(config: Config, handler: H, admission: Admission, metrics: Arc<Metrics>) -> Self {
+        let budget = BodyBudget::new(
+            config.body_budget_bytes.max(config.max_body_bytes),
+            metrics.clone(),
+        );
         Self {
             config,
             handler,
@@ -117,6 +144,8 @@ impl<H> Shared<H> {
             metrics,
             activity: Activity::new(),
             work: Work::new(),
+            budget,
+            idle: Arc::new(IdleConnections::new()),
             draining: AtomicBool::new(false),
         }
     }
@@ -324,6 +353,10 @@ pub async fn run<H: Handler>(
     grace: Duration,
     drain_backlog: bool,
 ) -> Drained {
+    shared
+        .metrics
+        .connections_limit
+        .set(connections.cap() as i64);
     let tracker = TaskTracker::new();
     let mut loops = tokio::task::JoinSet::new();
     for listener in listeners {
@@ -391,24 +424,58 @@ async fn accept_loop<H: Handler>(
     tracker: TaskTracker,
     drain_backlog: bool,
 ) {
+    let mut backoff = AcceptBackoff::new();
     loop {
-        let permit = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            p = connections.acquire() => match p { Some(p) => p, None => break },
+        let permit = match connections.try_acquire() {
+            Slot::Free(p) => Some(p),
+            Slot::Full => None,
+            Slot::Closed => break,
         };
-        let stream = tokio::select! {
+        // At the cap, a client is accepted only when an idle connection
+        // can make room for it (see `make_room`); otherwise it waits in the
+        // listen backlog for a slot, or for a connection to turn idle.
+        let candidate = shared.idle.candidate();
+        tokio::pin!(candidate);
+        candidate.as_mut().enable();
+        let room = permit.is_some() || shared.idle.has_candidate();
+        let accepted = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    warn!(cause = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+            r = listener.accept(), if room => r,
+            p = connections.acquire(), if permit.is_none() => {
+                // Taken again on the next turn.
+                drop(p);
+                continue;
+            }
+            _ = &mut candidate, if !room => continue,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                backoff.success();
+                stream
+            }
+            Err(e) => {
+                shared.metrics.accept_errors.inc();
+                let failure = backoff.failure(Instant::now());
+                if let Some(suppressed) = failure.warn {
+                    warn!(cause = %e, suppressed, retry_in = ?failure.wait, "accept failed");
                 }
-            },
+                // Out of descriptors: an idle connection gives one back.
+                if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+                    && shared.idle.evict_oldest()
+                {
+                    shared.metrics.connections_evicted.inc();
+                }
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(failure.wait) => continue,
+                }
+            }
+        };
+        let permit = match permit {
+            Some(p) => Some(p),
+            None => make_room(&shared, &connections, Some(&stop)).await,
         };
         serve_connection(stream, permit, &shared, &tracker);
     }
@@ -416,13 +483,15 @@ async fn accept_loop<H: Handler>(
         let mut drained = 0usize;
         loop {
             let next = std::future::poll_fn(|cx| match listener.poll_accept(cx) {
-                std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
-                std::task::Poll::Pending => std::task::Poll::Ready(None),
+                Poll::Ready(r) => Poll::Ready(Some(r)),
+                Poll::Pending => Poll::Ready(None),
             })
             .await;
             let Some(Ok((stream, _))) = next else { break };
-            let Some(permit) = connections.acquire().await else {
-                break;
+            let permit = match connections.try_acquire() {
+                Slot::Free(p) => Some(p),
+                Slot::Full => make_room(&shared, &connections, None).await,
+                Slot::Closed => break,
             };
             serve_connection(stream, permit, &shared, &tracker);
             drained += 1;
@@ -437,32 +506,183 @@ async fn accept_loop<H: Handler>(
     drop(listener);
 }
 
+/// A slot for a client accepted at the cap: the connection idle longest
+/// (accepted, polled, no request head yet) is closed to make room; with
+/// none (another accept loop took it, or while the backlog is drained),
+/// the client waits for a slot, and one that turns idle meanwhile is
+/// closed as well. After `stop` the client is served without a slot (one
+/// over the cap per listener, while the daemon drains) rather than left
+/// unanswered.
+async fn make_room<H>(
+    shared: &Shared<H>,
+    connections: &ConnectionLimit,
+    stop: Option<&CancellationToken>,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let mut evicted = false;
+    loop {
+        let candidate = shared.idle.candidate();
+        tokio::pin!(candidate);
+        candidate.as_mut().enable();
+        let declined = shared.idle.declined();
+        tokio::pin!(declined);
+        declined.as_mut().enable();
+        match connections.try_acquire() {
+            Slot::Free(p) => return Some(p),
+            Slot::Closed => return None,
+            Slot::Full => {}
+        }
+        if !evicted && shared.idle.evict_oldest() {
+            evicted = true;
+            shared.metrics.connections_evicted.inc();
+            debug!("closed the connection idle longest to serve a new one");
+        }
+        let stopped = async {
+            match stop {
+                Some(s) => s.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            p = connections.acquire() => return p,
+            _ = &mut candidate, if !evicted => {}
+            // The one chosen got its request head just then: choose again.
+            _ = &mut declined, if evicted => evicted = false,
+            _ = stopped => return None,
+        }
+    }
+}
+
+/// Answer of an evicted connection: try again later, as for an overload.
+fn evicted_response() -> Vec<u8> {
+    let body = api::CniError::new(
+        api::code::TRY_AGAIN_LATER,
+        "connection closed to make room: no request arrived on it; try again later",
+    )
+    .to_json();
+    let mut r = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body.as_bytes());
+    r
+}
+
+/// How often a connection whose request is in progress checks whether its
+/// client hung up (half-closed clients are still answered, so hyper's EOF
+/// cannot tell).
+const HANG_UP_CHECK: Duration = Duration::from_millis(100);
+
+/// Most bytes hyper buffers per connection (request heads included).
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
+/// Why a connection task ended.
+enum Ended {
+    Served(Result<(), hyper::Error>),
+    Evicted,
+    HungUp,
+}
+
 fn serve_connection<H: Handler>(
     stream: tokio::net::UnixStream,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
     shared: &Arc<Shared<H>>,
     tracker: &TaskTracker,
 ) {
     shared.activity.touch();
     shared.metrics.connections_open.inc();
     let accepted = Instant::now();
+    // Valid as long as the connection owns the stream, which outlives
+    // every use below (they happen in the task that owns it).
+    let fd = stream.as_raw_fd();
+    let (ticket, evict) = shared.idle.register();
+    let ticket = Arc::new(ticket);
     let svc_shared = shared.clone();
-    let service =
-        hyper::service::service_fn(move |req| routes::route(svc_shared.clone(), req, accepted));
-    let conn = http1::Builder::new()
+    let svc_ticket = ticket.clone();
+    let service = hyper::service::service_fn(move |req| {
+        // The head has arrived: this connection is no longer idle.
+        svc_ticket.busy();
+        routes::route(svc_shared.clone(), req, accepted)
+    });
+    let mut conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(shared.config.read_timeout)
         .keep_alive(false)
+        // A client may shut down its write side after the request and
+        // still wait for the answer (hyper would take that EOF for a
+        // cancellation).
+        .half_close(true)
+        // Bodies are copied out as they arrive; a larger read buffer
+        // would only double what a big request costs.
+        .max_buf_size(READ_BUFFER_BYTES)
         .serve_connection(TokioIo::new(stream), service);
     let conn_shared = shared.clone();
     tracker.spawn(async move {
-        if let Err(e) = conn.await {
-            debug!(cause = %e, "connection ended with an error");
+        let mut evicted = std::pin::pin!(evict.cancelled());
+        let mut declined = false;
+        let mut first_poll = true;
+        let mut hang_up_check: Option<tokio::time::Interval> = None;
+        let ended = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
+                return Poll::Ready(Ended::Served(r));
+            }
+            if first_poll {
+                first_poll = false;
+                ticket.polled();
+            }
+            if ticket.is_busy() {
+                let check = hang_up_check.get_or_insert_with(|| {
+                    let mut i = tokio::time::interval(HANG_UP_CHECK);
+                    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    i
+                });
+                while check.poll_tick(cx).is_ready() {
+                    if peer_hung_up(fd) {
+                        return Poll::Ready(Ended::HungUp);
+                    }
+                }
+                // Chosen for eviction as its head arrived: a request in
+                // progress is never evicted.
+                if !declined && evict.is_cancelled() {
+                    declined = true;
+                    ticket.decline();
+                }
+            } else if evicted.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ended::Evicted);
+            }
+            Poll::Pending
+        })
+        .await;
+        match ended {
+            Ended::Served(Ok(())) => {}
+            Ended::Served(Err(e)) => debug!(cause = %e, "connection ended with an error"),
+            Ended::HungUp => debug!("client hung up before its answer"),
+            Ended::Evicted => {
+                // Best effort, never waiting on the client: it sent nothing
+                // that needs an answer, this only tells it why.
+                let io = conn.into_parts().io.into_inner();
+                let _ = io.try_write(&evicted_response());
+            }
         }
         conn_shared.metrics.connections_open.dec();
         conn_shared.activity.touch();
         drop(permit);
     });
+}
+
+/// Whether the peer of the connected unix socket `fd` closed its end
+/// completely (a shutdown of its write side alone is not a hang-up).
+fn peer_hung_up(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one pollfd we own; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Serves only `GET /metrics` on a TCP listener until `stop` is cancelled.

@@ -5,8 +5,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
@@ -14,6 +14,7 @@ use tracing::{info_span, warn, Instrument};
 
 use super::{Call, Failure, FailureKind, Handler, Reply, Shared};
 use crate::api::{self, code, CniError};
+use crate::limit::BodyBytes;
 use crate::metrics::{LatencyLabels, MultusLabels, RejectLabels, RequestLabels};
 
 type Body = Full<Bytes>;
@@ -127,7 +128,7 @@ pub(super) async fn route<H: Handler>(
     } else {
         match read_body(&shared, req, accepted).await {
             Err(o) => o,
-            Ok(body) => match endpoint {
+            Ok((body, held)) => match endpoint {
                 Endpoint::Healthz => Outcome::Empty,
                 Endpoint::Readyz if shared.draining() => fail(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -142,7 +143,7 @@ pub(super) async fn route<H: Handler>(
                     Outcome::Text(crate::metrics::CONTENT_TYPE, shared.metrics.render())
                 }
                 Endpoint::Cni | Endpoint::Delegate => {
-                    cni(&shared, endpoint, body, &mut command).await
+                    cni(&shared, endpoint, body, held, &mut command).await
                 }
                 Endpoint::Attachments => attachments(&shared, &path).await,
                 Endpoint::NotFound => Outcome::Empty,
@@ -183,12 +184,14 @@ fn fail(status: StatusCode, label: &'static str, error: CniError) -> Outcome {
 }
 
 /// Reads the whole body within the connection's read deadline and the
-/// size cap.
+/// size cap, holding its bytes in the body budget: the declared length
+/// before reading, else each chunk as it arrives. The budget is held until
+/// the returned [`BodyBytes`] is dropped.
 async fn read_body<H>(
     shared: &Shared<H>,
     req: Request<Incoming>,
     accepted: Instant,
-) -> Result<Bytes, Outcome> {
+) -> Result<(Bytes, BodyBytes), Outcome> {
     let max = shared.config.max_body_bytes;
     let too_large = || {
         fail(
@@ -208,15 +211,49 @@ async fn read_body<H>(
     if declared.is_some_and(|n| n > max as u64) {
         return Err(too_large());
     }
-    let remaining = shared
-        .config
-        .read_timeout
-        .saturating_sub(accepted.elapsed());
-    let collect = Limited::new(req.into_body(), max).collect();
-    match tokio::time::timeout(remaining, collect).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-        Ok(Err(e)) => Err(fail(
+    let declared = declared.map_or(0, |n| n as usize);
+    let deadline = tokio::time::Instant::from_std(accepted + shared.config.read_timeout);
+    let mut held = shared.budget.hold();
+    let mut waiting_for_budget = false;
+    let mut buf = BytesMut::new();
+    let read = async {
+        waiting_for_budget = true;
+        held.grow(declared).await.map_err(|_| BodyError::Closed)?;
+        waiting_for_budget = false;
+        buf.reserve(declared);
+        let mut body = req.into_body();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else {
+                continue;
+            };
+            let len = buf.len() + data.len();
+            if len > max {
+                return Err(BodyError::TooLarge);
+            }
+            // Chunked, or more than declared: hold each chunk as it comes.
+            if len > held.len() {
+                waiting_for_budget = true;
+                held.grow(len - held.len())
+                    .await
+                    .map_err(|_| BodyError::Closed)?;
+                waiting_for_budget = false;
+            }
+            buf.extend_from_slice(&data);
+        }
+        Ok(())
+    };
+    let result = tokio::time::timeout_at(deadline, read).await;
+    let reject = |reason: &'static str| {
+        shared
+            .metrics
+            .rejected
+            .get_or_create(&RejectLabels { reason })
+            .inc();
+    };
+    match result {
+        Ok(Ok(())) => Ok((buf.freeze(), held)),
+        Ok(Err(BodyError::TooLarge)) => Err(too_large()),
+        Ok(Err(BodyError::Read(e))) => Err(fail(
             StatusCode::BAD_REQUEST,
             "bad_request",
             CniError::new(
@@ -224,14 +261,31 @@ async fn read_body<H>(
                 format!("cannot read the request body: {e}"),
             ),
         )),
+        Ok(Err(BodyError::Closed)) => Err(fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "rejected",
+            CniError::new(
+                code::TRY_AGAIN_LATER,
+                "the daemon is shutting down; try again later",
+            ),
+        )),
+        Err(_) if waiting_for_budget => {
+            reject("body_budget");
+            Err(fail(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "rejected",
+                CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    format!(
+                        "too many request bodies in memory: no room for this one within {}; \
+                         try again later",
+                        crate::duration::format(shared.config.read_timeout)
+                    ),
+                ),
+            ))
+        }
         Err(_) => {
-            shared
-                .metrics
-                .rejected
-                .get_or_create(&RejectLabels {
-                    reason: "read_timeout",
-                })
-                .inc();
+            reject("read_timeout");
             Err(fail(
                 StatusCode::REQUEST_TIMEOUT,
                 "read_timeout",
@@ -247,13 +301,25 @@ async fn read_body<H>(
     }
 }
 
+/// Why reading a body stopped short.
+enum BodyError {
+    TooLarge,
+    Read(hyper::Error),
+    Closed,
+}
+
 async fn cni<H: Handler>(
     shared: &Arc<Shared<H>>,
     endpoint: Endpoint,
     body: Bytes,
+    held: BodyBytes,
     command: &mut &'static str,
 ) -> Outcome {
-    let request: api::Request = match serde_json::from_slice(&body) {
+    let parsed = serde_json::from_slice::<api::Request>(&body);
+    // The parsed request is what waits for admission; the budget (`held`)
+    // still counts it until the work takes it.
+    drop(body);
+    let request: api::Request = match parsed {
         Ok(r) => r,
         Err(e) => {
             return fail(
@@ -294,6 +360,7 @@ async fn cni<H: Handler>(
             }
         };
         let work = shared.spawn_work(call, request, permit, tracing::Span::current());
+        drop(held);
         let result = match work.await {
             Ok(r) => r,
             Err(e) => Err(Failure::new(

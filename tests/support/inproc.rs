@@ -56,6 +56,7 @@ impl InProcess {
                 server::Config {
                     read_timeout: Duration::from_secs(10),
                     max_body_bytes: api::MAX_BODY_BYTES,
+                    body_budget_bytes: server::DEFAULT_BODY_BUDGET_BYTES,
                 },
                 handler,
                 Admission::new(&lcfg, metrics.clone()),

@@ -8,7 +8,10 @@
 //! the work short, and does not free its slot early either; the drain and
 //! the idle timer wait for that task.
 
+mod metrics_port;
 mod routes;
+
+pub use metrics_port::serve_metrics;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -463,39 +466,4 @@ fn serve_connection<H: Handler>(
         conn_shared.activity.touch();
         drop(permit);
     });
-}
-
-/// Serves only `GET /metrics` on a TCP listener until `stop` is cancelled.
-pub async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    stop: CancellationToken,
-) {
-    loop {
-        let stream = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    warn!(cause = %e, "metrics accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let metrics = metrics.clone();
-        let service = hyper::service::service_fn(move |req| {
-            std::future::ready(Ok::<_, std::convert::Infallible>(routes::metrics_only(
-                &metrics, &req,
-            )))
-        });
-        let conn = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(10))
-            .keep_alive(false)
-            .serve_connection(TokioIo::new(stream), service);
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(30), conn).await;
-        });
-    }
 }

@@ -2,22 +2,35 @@
 //! a fallback, bound by the daemon itself without ever racing a successor.
 //!
 //! Under activation the socket node belongs to systemd and is never touched.
-//! In self-bind mode the daemon binds a temporary name in the socket
-//! directory, chmods it 0600 and renames it over the socket path, so the
-//! path always names a live socket; it remembers the (device, inode) of the
-//! path and unlinks it at exit only if it still names that inode. Renames
-//! and the exit-time check-and-unlink happen under an exclusive `flock` on a
-//! lock file beside the socket, so a successor's socket can never be removed.
+//! In self-bind mode the daemon binds the socket inside a fresh private
+//! directory (mode 0700, random name, made with `mkdir`, so it cannot have
+//! been planted) in the socket directory, chmods it 0600 there, renames it
+//! over the socket path and removes the empty directory. Nobody but root can
+//! reach the socket before its mode is final, whatever the umask. (A 0177
+//! umask around `bind` would also do, but the umask is process-wide and the
+//! bind comes last in start-up, after the runtime's threads exist.)
+//!
+//! Binding is split in two, [`stage`] and [`Pending::publish`], so that the
+//! rename over the path is the last step that can fail: a successor that
+//! fails never takes the path from a working daemon. The daemon remembers
+//! the (device, inode) of the path and unlinks it at exit only if it still
+//! names that inode. Renames and the exit-time check-and-unlink happen under
+//! an exclusive `flock` on a lock file beside the socket (opened without
+//! following symlinks), so a successor's socket is never removed.
+//!
+//! Only a socket owned by root (or by the daemon's own user) counts as a
+//! successor's: anything else found at the path is an impostor, and
+//! [`OwnedPath::restore`] puts a socket of ours back over it.
 
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::api;
+use crate::{api, trust};
 
 pub const ENV_LISTEN_FDS: &str = "LISTEN_FDS";
 pub const ENV_LISTEN_PID: &str = "LISTEN_PID";
@@ -61,6 +74,17 @@ pub enum Error {
     NotListening { fd: i32 },
     #[error("cannot create the socket directory {path}")]
     CreateDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("refusing to bind in the socket directory")]
+    Untrusted {
+        #[source]
+        source: trust::Untrusted,
+    },
+    #[error("cannot lock {path}")]
+    Lock {
         path: PathBuf,
         #[source]
         source: io::Error,
@@ -113,35 +137,22 @@ pub fn passed_fds(
     Ok(n)
 }
 
-/// The daemon's listening sockets and, in self-bind mode, the path it owns.
-#[derive(Debug)]
-pub struct Listeners {
-    pub sockets: Vec<UnixListener>,
-    pub owned: Option<OwnedPath>,
+/// How many sockets systemd passed this process, from its environment.
+pub fn passed_fds_from_env() -> Result<usize> {
+    let fds = std::env::var(ENV_LISTEN_FDS).ok();
+    let pid = std::env::var(ENV_LISTEN_PID).ok();
+    passed_fds(fds.as_deref(), pid.as_deref(), std::process::id())
 }
 
-impl Listeners {
-    /// Whether the sockets came from systemd.
-    pub fn activated(&self) -> bool {
-        self.owned.is_none()
-    }
-}
-
-/// Takes the listeners: the inherited ones under socket activation, else a
-/// safely self-bound `<socketDir>/plexus.sock`.
+/// The sockets systemd passed, or `None` when the daemon was not socket
+/// activated (it then binds its path itself, with [`stage`]).
 ///
 /// Must run before any other thread exists: it removes the `LISTEN_*`
 /// variables from the environment so no child inherits them.
-pub fn take(config: &Config) -> Result<Listeners> {
-    let fds = std::env::var(ENV_LISTEN_FDS).ok();
-    let pid = std::env::var(ENV_LISTEN_PID).ok();
-    let n = passed_fds(fds.as_deref(), pid.as_deref(), std::process::id())?;
+pub fn inherited() -> Result<Option<Vec<UnixListener>>> {
+    let n = passed_fds_from_env()?;
     if n == 0 {
-        let (socket, owned) = bind(&config.socket_path())?;
-        return Ok(Listeners {
-            sockets: vec![socket],
-            owned: Some(owned),
-        });
+        return Ok(None);
     }
     let mut listenfd = listenfd::ListenFd::from_env();
     std::env::remove_var(ENV_LISTEN_FDNAMES);
@@ -174,10 +185,7 @@ pub fn take(config: &Config) -> Result<Listeners> {
             .map_err(|source| Error::BadFd { fd, source })?;
         sockets.push(socket);
     }
-    Ok(Listeners {
-        sockets,
-        owned: None,
-    })
+    Ok(Some(sockets))
 }
 
 /// A socket path this process bound, identified by the inode it created.
@@ -198,6 +206,19 @@ pub struct PathProbe {
     ino: u64,
 }
 
+/// What a socket path names, seen from the daemon that bound it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathState {
+    /// Still the socket this process bound.
+    Ours,
+    /// Another socket owned by root (or by our own user): a successor's.
+    Successor,
+    /// Something placed by another user, or not a socket at all.
+    Foreign { uid: u32, mode: u32, socket: bool },
+    /// Nothing.
+    Missing,
+}
+
 impl PathProbe {
     pub fn path(&self) -> &Path {
         &self.path
@@ -206,9 +227,27 @@ impl PathProbe {
     /// Whether the path still names the socket this process bound (false
     /// once a successor renamed its own socket over it, or it was removed).
     pub fn still_ours(&self) -> bool {
-        match fs::symlink_metadata(&self.path) {
-            Ok(m) => m.dev() == self.dev && m.ino() == self.ino,
-            Err(_) => false,
+        self.state() == PathState::Ours
+    }
+
+    /// What the path names now. Blocking (a `stat`).
+    pub fn state(&self) -> PathState {
+        let m = match fs::symlink_metadata(&self.path) {
+            Ok(m) => m,
+            Err(_) => return PathState::Missing,
+        };
+        if m.dev() == self.dev && m.ino() == self.ino {
+            return PathState::Ours;
+        }
+        let socket = m.file_type().is_socket();
+        if socket && trust::trusted_owner(m.uid()) {
+            PathState::Successor
+        } else {
+            PathState::Foreign {
+                uid: m.uid(),
+                mode: m.mode() & 0o7777,
+                socket,
+            }
         }
     }
 }
@@ -247,6 +286,37 @@ impl OwnedPath {
             Err(e) => Err(e),
         }
     }
+
+    /// Puts a fresh socket of ours back over the path when it names a
+    /// socket of another user, or nothing; returns the new socket, which
+    /// the path now names (and which [`OwnedPath::release`] will unlink).
+    ///
+    /// `Ok(None)` when there is nothing to restore: the path is still ours,
+    /// a successor's (checked under the lock, so a takeover is never
+    /// undone), or something that is not a socket (never replaced), or this
+    /// path was already released. Blocking.
+    pub fn restore(&mut self) -> Result<Option<UnixListener>> {
+        if self.released {
+            return Ok(None);
+        }
+        let (dir, name) = split(&self.path);
+        let _lock = lock(&self.lock_path).map_err(|source| Error::Lock {
+            path: self.lock_path.clone(),
+            source,
+        })?;
+        match self.probe().state() {
+            PathState::Ours | PathState::Successor => return Ok(None),
+            PathState::Foreign { socket: false, .. } => return Ok(None),
+            PathState::Foreign { socket: true, .. } | PathState::Missing => {}
+        }
+        let (socket, pending) = stage_locked(&self.path, &dir, &name, None)?;
+        let mut placed = pending.publish()?;
+        // The identity moves to `self`; `placed` must not unlink it.
+        placed.released = true;
+        self.dev = placed.dev;
+        self.ino = placed.ino;
+        Ok(Some(socket))
+    }
 }
 
 impl Drop for OwnedPath {
@@ -255,76 +325,191 @@ impl Drop for OwnedPath {
     }
 }
 
+/// Opens and locks the lock file: never through a symlink (`O_NOFOLLOW`),
+/// never a FIFO or device (`O_NONBLOCK`, then checked), never a file of
+/// another user.
 fn lock(lock_path: &Path) -> io::Result<Flock<File>> {
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .mode(0o600)
-        .open(lock_path)?;
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(lock_path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                io::Error::other("it is a symlink; lock files are never opened through one")
+            } else {
+                e
+            }
+        })?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() || !trust::trusted_owner(meta.uid()) {
+        return Err(io::Error::other(format!(
+            "it is not a regular file owned by root (owner uid {}, mode {:04o})",
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
     Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))
 }
 
-/// Binds `path` without a window in which it is missing and without ever
-/// removing anything that is not a socket.
-pub fn bind(path: &Path) -> Result<(UnixListener, OwnedPath)> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
+/// The directory of `path` and the socket's file name.
+fn split(path: &Path) -> (PathBuf, String) {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
     };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| api::SOCKET_NAME.to_string());
+    (dir, name)
+}
+
+/// 16 hex digits from the kernel's random source.
+fn random_hex() -> io::Result<String> {
+    let mut buf = [0u8; 8];
+    // SAFETY: getrandom writes at most `buf.len()` bytes into `buf`.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if usize::try_from(n).ok() != Some(buf.len()) {
+        File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    }
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A socket bound and chmodded in a private directory, not yet renamed
+/// over its path. Dropping it removes the socket and the directory.
+#[derive(Debug)]
+pub struct Pending {
+    path: PathBuf,
+    lock_path: PathBuf,
+    tmp_dir: PathBuf,
+    tmp: PathBuf,
+    dev: u64,
+    ino: u64,
+    published: bool,
+    /// Held from staging to publishing (`None` when the caller holds it).
+    _lock: Option<Flock<File>>,
+}
+
+impl Pending {
+    /// The path the socket will be renamed over.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Renames the socket over its path: the one step that changes what
+    /// the path names, and the last one that can fail.
+    pub fn publish(mut self) -> Result<OwnedPath> {
+        fs::rename(&self.tmp, &self.path).map_err(|source| Error::Bind {
+            path: self.path.clone(),
+            source,
+        })?;
+        self.published = true;
+        // Empty now; a failure leaves only an empty private directory.
+        let _ = fs::remove_dir(&self.tmp_dir);
+        Ok(OwnedPath {
+            path: self.path.clone(),
+            lock_path: self.lock_path.clone(),
+            dev: self.dev,
+            ino: self.ino,
+            released: false,
+        })
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = fs::remove_file(&self.tmp);
+        }
+        let _ = fs::remove_dir(&self.tmp_dir);
+    }
+}
+
+/// Binds `<socketDir>/plexus.sock` in a private directory, ready for
+/// [`Pending::publish`]. Creates the socket directory (0700) if missing and
+/// checks that no other user can write it. Holds the lock until published.
+pub fn stage(config: &Config) -> Result<(UnixListener, Pending)> {
+    stage_path(&config.socket_path())
+}
+
+/// [`stage`] for an explicit socket path.
+pub fn stage_path(path: &Path) -> Result<(UnixListener, Pending)> {
+    let (dir, name) = split(path);
     if !dir.exists() {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(dir)
+            .create(&dir)
             .map_err(|source| Error::CreateDir {
-                path: dir.to_path_buf(),
+                path: dir.clone(),
                 source,
             })?;
     }
+    // Again now that it exists: a directory planted before ours is caught.
+    trust::check_dir(&dir).map_err(|source| Error::Untrusted { source })?;
+    let lock_path = dir.join(format!(".{name}.lock"));
+    let guard = lock(&lock_path).map_err(|source| Error::Lock {
+        path: lock_path.clone(),
+        source,
+    })?;
+    stage_locked(path, &dir, &name, Some(guard))
+}
+
+fn stage_locked(
+    path: &Path,
+    dir: &Path,
+    name: &str,
+    guard: Option<Flock<File>>,
+) -> Result<(UnixListener, Pending)> {
     let bind_err = |source: io::Error| Error::Bind {
         path: path.to_path_buf(),
         source,
     };
-    let lock_path = dir.join(format!(".{name}.lock"));
-    let _lock = lock(&lock_path).map_err(bind_err)?;
     check_replaceable(path)?;
+    let tmp_dir = private_dir(dir, name).map_err(bind_err)?;
+    let tmp = tmp_dir.join(name);
+    let mut pending = Pending {
+        path: path.to_path_buf(),
+        lock_path: dir.join(format!(".{name}.lock")),
+        tmp_dir,
+        tmp,
+        dev: 0,
+        ino: 0,
+        published: false,
+        _lock: guard,
+    };
+    let socket = UnixListener::bind(&pending.tmp).map_err(bind_err)?;
+    fs::set_permissions(&pending.tmp, fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+    socket.set_nonblocking(true).map_err(bind_err)?;
+    // rename keeps the inode: this is the identity the path will have.
+    let meta = fs::symlink_metadata(&pending.tmp).map_err(bind_err)?;
+    pending.dev = meta.dev();
+    pending.ino = meta.ino();
+    Ok((socket, pending))
+}
 
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    // A leftover of an earlier process that had our pid; only ever a socket.
-    if let Ok(m) = fs::symlink_metadata(&tmp) {
-        if m.file_type().is_socket() {
-            let _ = fs::remove_file(&tmp);
+/// Creates `<dir>/.<name>.<random>.d`, mode 0700; `mkdir` fails on any
+/// existing entry, so a planted name is never used.
+fn private_dir(dir: &Path, name: &str) -> io::Result<PathBuf> {
+    let mut last = None;
+    for _ in 0..8 {
+        let candidate = dir.join(format!(".{name}.{}.d", random_hex()?));
+        match fs::DirBuilder::new().mode(0o700).create(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
         }
     }
-    let socket = UnixListener::bind(&tmp).map_err(bind_err)?;
-    let placed = fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600))
-        .and_then(|()| fs::rename(&tmp, path))
-        .and_then(|()| fs::symlink_metadata(path));
-    let meta = match placed {
-        Ok(m) => m,
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            return Err(bind_err(e));
-        }
-    };
-    socket.set_nonblocking(true).map_err(bind_err)?;
-    Ok((
-        socket,
-        OwnedPath {
-            path: path.to_path_buf(),
-            lock_path,
-            dev: meta.dev(),
-            ino: meta.ino(),
-            released: false,
-        },
-    ))
+    Err(last.unwrap_or_else(|| io::Error::other("no free temporary name")))
+}
+
+/// Binds `path` at once: [`stage_path`] then [`Pending::publish`].
+pub fn bind(path: &Path) -> Result<(UnixListener, OwnedPath)> {
+    let (socket, pending) = stage_path(path)?;
+    Ok((socket, pending.publish()?))
 }
 
 /// A path may be replaced only when it is missing or is a socket.
@@ -426,5 +611,117 @@ mod tests {
         assert!(owned.release().unwrap());
         assert!(!path.exists());
         assert!(!owned.release().unwrap());
+    }
+
+    #[test]
+    fn symlinked_lock_file_should_not_be_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        let path = tmp.path().join("plexus.sock");
+        std::os::unix::fs::symlink(&victim, tmp.path().join(".plexus.sock.lock")).unwrap();
+        let err = bind(&path).unwrap_err();
+        assert!(matches!(err, Error::Lock { .. }), "{err:?}");
+        assert!(!victim.exists(), "the symlink was followed");
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn fifo_lock_file_should_be_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lock = tmp.path().join(".plexus.sock.lock");
+        nix::unistd::mkfifo(&lock, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = bind(&tmp.path().join("plexus.sock")).unwrap_err();
+        assert!(matches!(err, Error::Lock { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn staging_should_use_a_private_random_directory_and_leave_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("plexus.sock");
+        let (_a, pa) = stage_path(&path).unwrap();
+        let dir_a = pa.tmp_dir.clone();
+        let m = fs::symlink_metadata(&dir_a).unwrap();
+        assert!(m.is_dir());
+        assert_eq!(m.mode() & 0o777, 0o700);
+        assert_eq!(fs::symlink_metadata(&pa.tmp).unwrap().mode() & 0o777, 0o600);
+        assert!(!path.exists(), "nothing is published before publish()");
+        drop(pa);
+        assert!(!dir_a.exists(), "an unpublished stage is cleaned up");
+        let (_b, pb) = stage_path(&path).unwrap();
+        assert_ne!(pb.tmp_dir, dir_a, "temporary names are not reused");
+        let owned = pb.publish().unwrap();
+        assert!(owned.still_ours());
+        let names: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        let mut names = names;
+        names.sort();
+        assert_eq!(names, [".plexus.sock.lock", "plexus.sock"]);
+    }
+
+    #[test]
+    fn failed_stage_should_leave_the_path_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("plexus.sock");
+        let (_a, owned) = bind(&path).unwrap();
+        let (_b, pending) = stage_path(&path).unwrap();
+        drop(pending);
+        assert!(owned.still_ours());
+    }
+
+    #[test]
+    fn successor_and_foreign_sockets_should_be_told_apart() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("plexus.sock");
+        let (_a, mut owned) = bind(&path).unwrap();
+        assert_eq!(owned.probe().state(), PathState::Ours);
+        let (_b, _owned_b) = bind(&path).unwrap();
+        assert_eq!(owned.probe().state(), PathState::Successor);
+        // A successor's takeover is never undone.
+        assert!(owned.restore().unwrap().is_none());
+        assert_eq!(owned.probe().state(), PathState::Successor);
+    }
+
+    #[test]
+    fn restore_should_replace_an_impostor_socket() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("plexus.sock");
+        let (_a, mut owned) = bind(&path).unwrap();
+        let fake = tmp.path().join("fake.sock");
+        let _impostor = UnixListener::bind(&fake).unwrap();
+        std::os::unix::fs::lchown(&fake, Some(65534), Some(65534)).unwrap();
+        fs::rename(&fake, &path).unwrap();
+        assert!(matches!(
+            owned.probe().state(),
+            PathState::Foreign {
+                uid: 65534,
+                socket: true,
+                ..
+            }
+        ));
+        let fresh = owned.restore().unwrap().expect("restored");
+        assert_eq!(owned.probe().state(), PathState::Ours);
+        assert_eq!(fs::symlink_metadata(&path).unwrap().uid(), 0);
+        fresh.set_nonblocking(false).unwrap();
+        let _c = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        assert!(fresh.accept().is_ok());
+        assert!(owned.release().unwrap());
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn restore_should_never_replace_a_non_socket() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("plexus.sock");
+        let (_a, mut owned) = bind(&path).unwrap();
+        fs::remove_file(&path).unwrap();
+        fs::write(&path, b"precious").unwrap();
+        assert!(owned.restore().unwrap().is_none());
+        assert_eq!(fs::read(&path).unwrap(), b"precious");
     }
 }

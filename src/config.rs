@@ -6,13 +6,14 @@
 //! once, each naming the file, the key and what is wrong.
 
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::{activation, api, cni, daemon, duration, limit, logging, selection, server};
+use crate::{activation, api, cni, daemon, duration, limit, logging, selection, server, trust};
 
 /// Where the daemon looks for its configuration by default.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/plexus/daemon-config.json";
@@ -20,6 +21,10 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Where `metricsPort` listens by default: this host only. multus listens
+/// on all addresses; metrics name containers and load, so exposing them
+/// to the network is a choice to make explicitly.
+pub const DEFAULT_METRICS_BIND_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// Keys of the multus schema that Plexus accepts without complaint even
 /// where it does not act on them (yet); anything else gets a warning.
@@ -30,12 +35,14 @@ const KNOWN_KEYS: &[&str] = &[
     "queueTimeout",
     "maxConnections",
     "readTimeout",
+    "bodyBudgetBytes",
     "shutdownTimeout",
     "idleTimeout",
     "logLevel",
     "logFile",
     "logToStderr",
     "metricsPort",
+    "metricsBindAddress",
     // Engine and network keys.
     "binDir",
     "confDir",
@@ -195,6 +202,11 @@ impl Config {
         let read_timeout = f
             .nonzero_duration("readTimeout")
             .unwrap_or(DEFAULT_READ_TIMEOUT);
+        // Never below one largest body, or such a request could never run.
+        let body_budget_bytes = f
+            .positive("bodyBudgetBytes")
+            .map(|n| n.get().max(api::MAX_BODY_BYTES))
+            .unwrap_or(server::DEFAULT_BODY_BUDGET_BYTES);
         let shutdown_timeout = f
             .duration("shutdownTimeout")
             .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT);
@@ -203,6 +215,9 @@ impl Config {
         let log_file = f.path("logFile");
         let log_to_stderr = f.bool("logToStderr").unwrap_or(log_file.is_none());
         let metrics_port = f.port("metricsPort");
+        let metrics_bind_address = f
+            .ip_addr("metricsBindAddress")
+            .unwrap_or(DEFAULT_METRICS_BIND_ADDRESS);
         let bin_dirs = f
             .search_path("binDir")
             .unwrap_or_else(|| cni::DEFAULT_BIN_DIRS.iter().map(PathBuf::from).collect());
@@ -253,7 +268,7 @@ impl Config {
             server: server::Config {
                 read_timeout,
                 max_body_bytes: api::MAX_BODY_BYTES,
-                body_budget_bytes: server::DEFAULT_BODY_BUDGET_BYTES,
+                body_budget_bytes,
             },
             logging: logging::Config {
                 level,
@@ -264,6 +279,7 @@ impl Config {
                 shutdown_timeout,
                 idle_timeout,
                 metrics_port,
+                metrics_bind_address,
             },
             cni: cni::Config {
                 bin_dirs,
@@ -278,6 +294,61 @@ impl Config {
             unknown_keys,
             raw,
         })
+    }
+}
+
+/// Which paths [`Config::check_paths`] looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathScope {
+    /// `socketDir` (only written when the daemon binds the socket itself).
+    pub socket_dir: bool,
+}
+
+impl Config {
+    /// Checks that no user but root can write the directories the daemon
+    /// writes (see [`trust`] for the rule): `socketDir` (per `scope`),
+    /// `stateDir` when there are networks to record, and `logFile`'s
+    /// directory. Every problem is reported, each naming its key. Blocking.
+    pub fn check_paths(&self, scope: PathScope) -> Result<()> {
+        let mut problems = Vec::new();
+        let mut check = |key: &str, result: std::result::Result<(), trust::Untrusted>| {
+            if let Err(e) = result {
+                let mut why = format!("refusing to use it: {e}");
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    why.push_str(&format!(": {s}"));
+                    source = s.source();
+                }
+                why.push_str(
+                    "; every directory on the way to a path plexusd writes must be owned by \
+                     root and writable only by root (a sticky directory such as /tmp may be \
+                     writable by others above it), and symlinks on the way must be root's",
+                );
+                problems.push(Problem {
+                    file: self.path.clone(),
+                    key: key.to_string(),
+                    why,
+                });
+            }
+        };
+        if scope.socket_dir {
+            check("socketDir", trust::check_dir(&self.activation.socket_dir));
+        }
+        if self.selection.is_some() {
+            // The records live in `attachments/` below it (cni::record).
+            check(
+                "stateDir",
+                trust::check_dir(&self.cni.state_dir.join("attachments")),
+            );
+        }
+        if let Some(file) = &self.logging.file {
+            check("logFile", trust::check_file(file));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error { problems })
+        }
     }
 }
 
@@ -423,6 +494,22 @@ impl Fields<'_> {
         }
     }
 
+    fn ip_addr(&mut self, key: &str) -> Option<IpAddr> {
+        let s = self.string(key)?;
+        match s.trim().parse() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                self.problem(
+                    key,
+                    format!(
+                        "{s:?} is not an IP address (such as \"127.0.0.1\", \"0.0.0.0\" or \"::\")"
+                    ),
+                );
+                None
+            }
+        }
+    }
+
     fn duration(&mut self, key: &str) -> Option<Duration> {
         let v = self.get(key)?;
         let Value::String(s) = v else {
@@ -498,6 +585,58 @@ mod tests {
         assert_eq!(c.daemon.shutdown_timeout, DEFAULT_SHUTDOWN_TIMEOUT);
         assert_eq!(c.daemon.idle_timeout, None);
         assert!(c.logging.to_stderr);
+        assert_eq!(c.daemon.metrics_bind_address, DEFAULT_METRICS_BIND_ADDRESS);
+    }
+
+    #[test]
+    fn metrics_bind_address_should_parse_and_bad_ones_fail() {
+        let c = parse(r#"{"metricsPort":9091,"metricsBindAddress":"::"}"#).unwrap();
+        assert_eq!(
+            c.daemon.metrics_bind_address,
+            "::".parse::<IpAddr>().unwrap()
+        );
+        let err = parse(r#"{"metricsBindAddress":"localhost"}"#).unwrap_err();
+        assert_eq!(err.problems[0].key, "metricsBindAddress");
+        assert!(parse(r#"{"metricsBindAddress":7}"#).is_err());
+    }
+
+    #[test]
+    fn check_paths_should_name_each_untrusted_key() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let cfg = Config::from_json(
+            &t.path().join("c.json"),
+            br#"{"socketDir":"open/sock","stateDir":"open","logFile":"open/x.log","clusterNetwork":"n"}"#,
+        )
+        .unwrap();
+        let err = cfg.check_paths(PathScope { socket_dir: true }).unwrap_err();
+        let keys: Vec<_> = err.problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["socketDir", "stateDir", "logFile"], "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("{} is writable", open.display())),
+            "{text}"
+        );
+        assert!(text.contains("mode 0777"), "{text}");
+        let err = cfg
+            .check_paths(PathScope { socket_dir: false })
+            .unwrap_err();
+        assert_eq!(err.problems.len(), 2);
+        let fine = Config::from_json(&t.path().join("c.json"), br#"{"socketDir":"sock"}"#).unwrap();
+        fine.check_paths(PathScope { socket_dir: true }).unwrap();
+    }
+
+    #[test]
+    fn body_budget_should_parse_and_never_go_below_one_body() {
+        let c = parse(r#"{"bodyBudgetBytes":67108864}"#).unwrap();
+        assert_eq!(c.server.body_budget_bytes, 64 << 20);
+        let c = parse(r#"{"bodyBudgetBytes":1000}"#).unwrap();
+        assert_eq!(c.server.body_budget_bytes, api::MAX_BODY_BYTES);
+        assert!(parse(r#"{"bodyBudgetBytes":0}"#).is_err());
     }
 
     #[test]
@@ -510,6 +649,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.limit.connection_limit.map(|n| n.get()), Some(4));
         assert_eq!(c.limit.queue_timeout, Duration::from_millis(500));
+        assert_eq!(
+            c.server.body_budget_bytes,
+            server::DEFAULT_BODY_BUDGET_BYTES
+        );
         assert_eq!(c.logging.level, logging::Level::Info);
         assert!(!c.logging.to_stderr);
         assert!(c.unknown_keys.is_empty());

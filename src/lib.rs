@@ -18,6 +18,7 @@
 //!   notify      sd_notify READY / STATUS / STOPPING / WATCHDOG
 //!   metrics     Prometheus registry and typed handles
 //!   config      daemon-config.json -> validated per-module configs
+//!   trust       paths the daemon writes must be out of other users' reach
 //!   daemon      composition root and lifecycle (the only module wiring others)
 //! ```
 //!
@@ -41,3 +42,4 @@ pub mod result;
 pub mod selection;
 pub mod server;
 pub mod shim;
+pub mod trust;

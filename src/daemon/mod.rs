@@ -1,18 +1,20 @@
 //! Composition root and lifecycle: wires the modules together, owns the
 //! signals, readiness, the status line, the watchdog and the drain.
 
-use std::sync::Arc;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::net::UnixListener;
+use tokio::net::{TcpListener, TcpSocket, UnixListener};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 mod handler;
 
 pub use handler::Networks;
 
-use crate::activation::{Listeners, OwnedPath};
+use crate::activation::{self, OwnedPath, PathState};
 use crate::api::{self, code};
 use crate::limit::{Admission, ConnectionLimit};
 use crate::metrics::Metrics;
@@ -30,6 +32,8 @@ pub struct Config {
     pub idle_timeout: Option<Duration>,
     /// TCP port for `/metrics` besides the unix socket (off: `None`).
     pub metrics_port: Option<u16>,
+    /// Address the metrics port listens on.
+    pub metrics_bind_address: IpAddr,
 }
 
 /// What the daemon inherits from its environment besides the config.
@@ -69,19 +73,113 @@ impl Handler for Unconfigured {
     }
 }
 
+/// Why start-up failed (before anything was served).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr} for metricsPort")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot install the SIGTERM/SIGINT handlers")]
+    Signals(#[source] io::Error),
+    #[error(transparent)]
+    Listen(#[from] activation::Error),
+    #[error("cannot register the listening socket with the async runtime")]
+    Register(#[source] io::Error),
+}
+
+/// What start-up sets up before the socket path is taken over: everything
+/// that can fail, so that a successor that fails leaves its predecessor
+/// serving.
+#[derive(Debug)]
+pub struct Prepared {
+    metrics: Option<TcpListener>,
+    signals: Signals,
+}
+
+impl Prepared {
+    /// Binds `metricsPort` and installs the signal handlers. Must run
+    /// within the runtime's context (`Runtime::enter`).
+    pub fn new(config: &Config) -> Result<Self, StartError> {
+        let metrics = match config.metrics_port {
+            Some(port) => Some(bind_metrics(SocketAddr::new(
+                config.metrics_bind_address,
+                port,
+            ))?),
+            None => None,
+        };
+        // Installed before READY=1, so a stop request right after readiness
+        // is never met by the default action (termination without a drain).
+        let signals = signals().map_err(StartError::Signals)?;
+        Ok(Self { metrics, signals })
+    }
+}
+
+/// The metrics listener, with `SO_REUSEPORT` so that a successor can bind
+/// the port while its predecessor still holds it (only processes of the
+/// same user can share it).
+fn bind_metrics(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    let err = |source| StartError::Metrics { addr, source };
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(err)?;
+    socket.set_reuseaddr(true).map_err(err)?;
+    socket.set_reuseport(true).map_err(err)?;
+    socket.bind(addr).map_err(err)?;
+    socket.listen(1024).map_err(err)
+}
+
+/// The sockets to serve, registered with the runtime, and in self-bind
+/// mode the path this daemon took over.
+#[derive(Debug)]
+pub struct Listening {
+    sockets: Vec<UnixListener>,
+    owned: Option<OwnedPath>,
+}
+
+/// The last start-up step: registers the inherited sockets, or in
+/// self-bind mode binds a socket (privately), registers it and only then
+/// renames it over the socket path. Must run within the runtime's context,
+/// outside of any task (it blocks on the lock file).
+pub fn listen(
+    config: &activation::Config,
+    inherited: Option<Vec<std::os::unix::net::UnixListener>>,
+) -> Result<Listening, StartError> {
+    let register = |s| UnixListener::from_std(s).map_err(StartError::Register);
+    if let Some(inherited) = inherited {
+        let sockets = inherited
+            .into_iter()
+            .map(register)
+            .collect::<Result<_, _>>()?;
+        return Ok(Listening {
+            sockets,
+            owned: None,
+        });
+    }
+    let (socket, pending) = activation::stage(config)?;
+    let socket = register(socket)?;
+    let owned = pending.publish()?;
+    Ok(Listening {
+        sockets: vec![socket],
+        owned: Some(owned),
+    })
+}
+
 /// Runs the daemon until a stop request and the drain that follows.
 pub async fn run<H: Handler>(
     config: crate::config::Config,
-    listeners: Listeners,
+    listening: Listening,
+    prepared: Prepared,
     env: Environment,
     handler: H,
 ) -> anyhow::Result<StopReason> {
     let metrics = env.metrics.clone();
-    let Listeners { sockets, owned } = listeners;
-    let mut tokio_listeners = Vec::with_capacity(sockets.len());
-    for s in sockets {
-        tokio_listeners.push(UnixListener::from_std(s)?);
-    }
+    let Listening { sockets, owned } = listening;
     let drain_backlog = owned.is_some();
     let shared = Arc::new(Shared::new(
         config.server.clone(),
@@ -92,31 +190,36 @@ pub async fn run<H: Handler>(
     let trigger = CancellationToken::new();
     let stop_serving = CancellationToken::new();
     let reason = Arc::new(parking_reason());
+    let connections = ConnectionLimit::new(&config.limit);
+    let grace = config.daemon.shutdown_timeout;
 
-    let mut metrics_task = None;
-    if let Some(port) = config.daemon.metrics_port {
-        let listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await?;
-        metrics_task = Some(tokio::spawn(server::serve_metrics(
+    let metrics_task = prepared.metrics.map(|listener| {
+        tokio::spawn(server::serve_metrics(
             listener,
             metrics.clone(),
             stop_serving.clone(),
-        )));
-    }
+        ))
+    });
 
     let serving = tokio::spawn(server::run(
-        tokio_listeners,
+        sockets,
         shared.clone(),
-        ConnectionLimit::new(&config.limit),
+        connections.clone(),
         stop_serving.clone(),
-        config.daemon.shutdown_timeout,
+        grace,
         drain_backlog,
     ));
 
-    // Registered before READY=1, so a stop request right after readiness
-    // is never met by the default action (termination without a drain).
-    spawn_signal_watch(signals()?, trigger.clone(), reason.clone());
+    spawn_signal_watch(prepared.signals, trigger.clone(), reason.clone());
+    let socket_name = owned
+        .as_ref()
+        .map(|o| o.path().display().to_string())
+        .unwrap_or_else(|| "inherited from systemd".into());
+    let owned = owned.map(|o| Arc::new(Mutex::new(o)));
+    // Sockets put back over the path after an impostor replaced it.
+    let (restored_tx, mut restored_rx) = tokio::sync::mpsc::unbounded_channel();
     if let Some(owned) = &owned {
-        spawn_takeover_watch(owned, trigger.clone(), reason.clone());
+        spawn_takeover_watch(owned.clone(), trigger.clone(), reason.clone(), restored_tx);
     }
     if let Some(idle) = config.daemon.idle_timeout {
         spawn_idle_watch(idle, shared.clone(), trigger.clone(), reason.clone());
@@ -125,17 +228,29 @@ pub async fn run<H: Handler>(
     if let Err(e) = notifier.ready(&status_line(&shared)) {
         warn!(cause = %e, "cannot notify the service manager of readiness");
     }
-    info!(
-        activated = owned.is_none(),
-        socket = %owned.as_ref().map(|o| o.path().display().to_string()).unwrap_or_else(|| "inherited from systemd".into()),
-        "serving"
-    );
+    info!(activated = owned.is_none(), socket = %socket_name, "serving");
     let status_task = spawn_status(notifier.clone(), shared.clone(), trigger.clone());
     let watchdog_task = env
         .watchdog
         .map(|interval| spawn_watchdog(notifier.clone(), interval));
 
-    trigger.cancelled().await;
+    let mut extra_serving = Vec::new();
+    loop {
+        tokio::select! {
+            _ = trigger.cancelled() => break,
+            Some(socket) = restored_rx.recv() => {
+                // The same connection cap and drain as the first socket.
+                extra_serving.push(tokio::spawn(server::run(
+                    vec![socket],
+                    shared.clone(),
+                    connections.clone(),
+                    stop_serving.clone(),
+                    grace,
+                    drain_backlog,
+                )));
+            }
+        }
+    }
     let reason = reason.get();
     shared.begin_drain();
     if let Err(e) = notifier.stopping(&format!(
@@ -145,10 +260,10 @@ pub async fn run<H: Handler>(
     )) {
         warn!(cause = %e, "cannot notify the service manager of stopping");
     }
-    if let Some(mut owned) = owned {
+    if let Some(owned) = owned {
         // flock + stat + unlink: off the async workers.
-        let path = owned.path().display().to_string();
-        let released = tokio::task::spawn_blocking(move || owned.release())
+        let path = socket_name.clone();
+        let released = tokio::task::spawn_blocking(move || lock_owned(&owned).release())
             .await
             .map_err(std::io::Error::other)
             .and_then(|r| r);
@@ -160,7 +275,13 @@ pub async fn run<H: Handler>(
     }
     stop_serving.cancel();
     status_task.abort();
-    let drained = serving.await?;
+    let mut drained = serving.await?;
+    for extra in extra_serving {
+        let d = extra.await?;
+        drained.abandoned += d.abandoned;
+        // Every server counts the same CNI work.
+        drained.unfinished = drained.unfinished.max(d.unfinished);
+    }
     if let Some(t) = metrics_task {
         let _ = t.await;
     }
@@ -176,6 +297,11 @@ pub async fn run<H: Handler>(
     }
     info!(?reason, served = shared.activity.served(), "stopped");
     Ok(reason)
+}
+
+/// The owned path, also after a panic elsewhere (it is plain data).
+fn lock_owned(owned: &Mutex<OwnedPath>) -> std::sync::MutexGuard<'_, OwnedPath> {
+    owned.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Records the first stop reason.
@@ -234,27 +360,98 @@ fn spawn_signal_watch(signals: Signals, trigger: CancellationToken, reason: Arc<
 }
 
 /// In self-bind mode: stop when a successor renames its socket over ours.
-fn spawn_takeover_watch(owned: &OwnedPath, trigger: CancellationToken, reason: Arc<Reason>) {
-    // Only the identity is needed; the watch never unlinks anything.
-    let probe = owned.probe();
+///
+/// Only a socket owned by root (or our own user) is a successor's. Anything
+/// else at the path is an impostor (or the path was removed): the daemon
+/// says so loudly, keeps serving, and puts a socket of its own back over
+/// the path (under the lock, so a real successor always wins); the new
+/// socket goes to `restored` to be served.
+fn spawn_takeover_watch(
+    owned: Arc<Mutex<OwnedPath>>,
+    trigger: CancellationToken,
+    reason: Arc<Reason>,
+    restored: tokio::sync::mpsc::UnboundedSender<UnixListener>,
+) {
     tokio::spawn(async move {
+        let path = lock_owned(&owned).path().display().to_string();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
+        // The last state reported, so a lasting one is logged once.
+        let mut reported = None;
         loop {
             tokio::select! {
                 _ = trigger.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let ours = tokio::task::spawn_blocking({
-                let probe = probe.clone();
-                move || probe.still_ours()
+            let state = tokio::task::spawn_blocking({
+                let owned = owned.clone();
+                move || lock_owned(&owned).probe().state()
             })
             .await
-            .unwrap_or(true);
-            if !ours {
-                info!(path = %probe.path().display(), "another process took over the socket path; draining");
-                reason.set(StopReason::TakenOver);
-                trigger.cancel();
-                return;
+            .unwrap_or(PathState::Ours);
+            match state {
+                PathState::Ours => {
+                    reported = None;
+                    continue;
+                }
+                PathState::Successor => {
+                    info!(path, "another process took over the socket path; draining");
+                    reason.set(StopReason::TakenOver);
+                    trigger.cancel();
+                    return;
+                }
+                PathState::Foreign { uid, mode, socket } if reported != Some(state) => {
+                    if socket {
+                        error!(
+                            path,
+                            uid,
+                            mode = format!("{mode:04o}"),
+                            "the socket path was replaced by a socket of another user, not by a \
+                             successor (those are root's): possible attack; not stepping down, \
+                             putting our own socket back"
+                        );
+                    } else {
+                        error!(
+                            path,
+                            uid,
+                            mode = format!("{mode:04o}"),
+                            "the socket path was replaced by something that is not a socket: \
+                             possible attack; not stepping down, and it is left alone (never \
+                             removed), so new clients cannot reach this daemon"
+                        );
+                    }
+                }
+                PathState::Missing if reported != Some(state) => {
+                    warn!(
+                        path,
+                        "the socket path was removed; putting our own socket back"
+                    );
+                }
+                PathState::Foreign { .. } | PathState::Missing => {}
+            }
+            reported = Some(state);
+            let outcome = tokio::task::spawn_blocking({
+                let owned = owned.clone();
+                move || lock_owned(&owned).restore()
+            })
+            .await;
+            match outcome {
+                Ok(Ok(Some(socket))) => match UnixListener::from_std(socket) {
+                    Ok(socket) => {
+                        info!(path, "socket path restored; serving on it again");
+                        reported = None;
+                        if restored.send(socket).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => error!(path, cause = %e, "cannot serve the restored socket"),
+                },
+                // Not a socket (left alone), or a successor came meanwhile
+                // (seen on the next tick).
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => {
+                    error!(path, cause = %anyhow::Error::from(e), "cannot restore the socket path")
+                }
+                Err(e) => error!(path, cause = %e, "cannot restore the socket path"),
             }
         }
     });

@@ -15,7 +15,10 @@
 
 mod backoff;
 mod idle;
+mod metrics_port;
 mod routes;
+
+pub use metrics_port::serve_metrics;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -683,39 +686,4 @@ fn peer_hung_up(fd: RawFd) -> bool {
     // SAFETY: one pollfd we own; a zero timeout never blocks.
     let n = unsafe { libc::poll(&mut p, 1, 0) };
     n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
-}
-
-/// Serves only `GET /metrics` on a TCP listener until `stop` is cancelled.
-pub async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    stop: CancellationToken,
-) {
-    loop {
-        let stream = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    warn!(cause = %e, "metrics accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let metrics = metrics.clone();
-        let service = hyper::service::service_fn(move |req| {
-            std::future::ready(Ok::<_, std::convert::Infallible>(routes::metrics_only(
-                &metrics, &req,
-            )))
-        });
-        let conn = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(10))
-            .keep_alive(false)
-            .serve_connection(TokioIo::new(stream), service);
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(30), conn).await;
-        });
-    }
 }

@@ -86,6 +86,7 @@ fn hanging_plugin_should_time_out_and_leave_no_process() {
         "fake-hang",
         &faulty_body(
             r#"(exec -a "$BIN/fake-hang-child" sleep 1000) &
+      echo $! > "$BIN/hang-child.pid"; echo $$ > "$BIN/hang-sleep.pid"
       exec -a "$BIN/fake-hang-sleep" sleep 1000"#,
         ),
     );
@@ -94,17 +95,16 @@ fn hanging_plugin_should_time_out_and_leave_no_process() {
     let mut d = e.start("d", net, "1s");
 
     let started = Instant::now();
-    let add = Call::new("ADD", "bad-hang", &ns, "eth0").spawn(&d);
-    // Both the sleeper and its child exist before the deadline strikes.
-    let needle = format!("{}/fake-hang", e.bin_dir.display());
-    let sleeper = format!("{needle}-sleep");
-    let child = format!("{needle}-child");
-    wait_until(SETTLE, "the hung plugin and its child to run", || {
-        let p = processes_matching(&needle);
-        p.iter().any(|(_, c)| c.starts_with(&sleeper))
-            && p.iter().any(|(_, c)| c.starts_with(&child))
-    });
-    let run = add.finish();
+    let run = Call::new("ADD", "bad-hang", &ns, "eth0").run(&d);
+    // The plugin wrote both pids before it hung: the sleeper and its child
+    // both ran, however late the test looks (the machine may be busy).
+    let pid = |name: &str| -> i32 {
+        let path = e.bin_dir.join(name);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+        text.trim().parse().unwrap()
+    };
+    let pids = [pid("hang-sleep.pid"), pid("hang-child.pid")];
     let took = started.elapsed();
     let (_, msg, _) = failed(&d, &run);
     assert!(
@@ -114,8 +114,15 @@ fn hanging_plugin_should_time_out_and_leave_no_process() {
     assert!(msg.contains("timed out"), "{msg}");
     assert!(took < Duration::from_secs(10), "ADD took {took:?}");
 
+    // Dead means gone or a zombie (this machine's PID 1 may not reap).
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+    };
+    let needle = format!("{}/fake-hang", e.bin_dir.display());
     wait_until(SETTLE, "the hung plugin and its child to be killed", || {
-        processes_matching(&needle).is_empty()
+        !pids.iter().any(|&p| alive(p)) && processes_matching(&needle).is_empty()
     });
     assert_rolled_back(&e, &d, &br, &ns, net);
     assert_still_serves(&e, &mut d, &br, net);

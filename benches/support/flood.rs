@@ -227,16 +227,13 @@ pub struct Fds {
     pub total: usize,
     pub pipes: usize,
     pub sockets: usize,
-    /// Sockets that are accepted connections of one of the process's own
-    /// listening unix sockets (its clients).
-    pub connections: usize,
 }
 
 impl Fds {
-    /// `12 (3 pipes, 5 sockets)`.
+    /// `12 (pipes 3, sockets 5, other 4)`.
     pub fn describe(&self) -> String {
         format!(
-            "{} ({} pipes, {} sockets, {} other)",
+            "{} (pipes {}, sockets {}, other {})",
             self.total,
             self.pipes,
             self.sockets,
@@ -245,17 +242,37 @@ impl Fds {
     }
 }
 
+/// What `/proc/<pid>/fd` links to; `None` when the process is gone.
+fn fd_links(pid: i32) -> Option<Vec<String>> {
+    let dir = fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    Some(
+        dir.filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+            .map(|l| l.to_string_lossy().into_owned())
+            .collect(),
+    )
+}
+
 /// Counts `/proc/<pid>/fd`; `None` when the process is gone.
 pub fn fds(pid: i32) -> Option<Fds> {
-    let dir = fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
-    let links: Vec<String> = dir
-        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
-        .map(|l| l.to_string_lossy().into_owned())
-        .collect();
+    let links = fd_links(pid)?;
+    Some(Fds {
+        total: links.len(),
+        pipes: links.iter().filter(|l| l.starts_with("pipe:")).count(),
+        sockets: links.iter().filter(|l| l.starts_with("socket:")).count(),
+    })
+}
+
+/// The process's sockets that are accepted connections of one of its own
+/// listening unix sockets (its clients). Exact only while connections do
+/// not come and go: a socket closed or opened between the reads of
+/// `/proc/<pid>/fd` and `/proc/net/unix` counts as a connection, so that
+/// "none" is only ever seen in a consistent snapshot.
+pub fn client_connections(pid: i32) -> Option<usize> {
+    let links = fd_links(pid)?;
     // /proc/net/unix: "Num RefCount Protocol Flags Type St Inode Path";
     // flag 00010000 marks a listening socket. An accepted socket carries
     // its listener's address (the path at bind time).
-    let table = fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let table = fs::read_to_string("/proc/net/unix").ok()?;
     let mut by_inode: HashMap<&str, (bool, &str)> = HashMap::new();
     for l in table.lines().skip(1) {
         let f: Vec<&str> = l.split_whitespace().collect();
@@ -263,39 +280,65 @@ pub fn fds(pid: i32) -> Option<Fds> {
             by_inode.insert(f[6], (f[3] == "00010000", f.get(7).copied().unwrap_or("")));
         }
     }
-    let socket_inodes: Vec<&str> = links
+    let inodes: Vec<&str> = links
         .iter()
         .filter_map(|l| l.strip_prefix("socket:[")?.strip_suffix(']'))
         .collect();
-    let listening: Vec<&str> = socket_inodes
+    let listening: Vec<&str> = inodes
         .iter()
         .filter_map(|i| by_inode.get(i))
         .filter(|(listen, path)| *listen && !path.is_empty())
         .map(|(_, path)| *path)
         .collect();
-    let connections = socket_inodes
-        .iter()
-        .filter_map(|i| by_inode.get(i))
-        .filter(|(listen, path)| !*listen && listening.contains(path))
-        .count();
-    Some(Fds {
-        total: links.len(),
-        pipes: links.iter().filter(|l| l.starts_with("pipe:")).count(),
-        sockets: socket_inodes.len(),
-        connections,
-    })
+    Some(
+        inodes
+            .iter()
+            .filter(|i| {
+                by_inode
+                    .get(*i)
+                    .is_none_or(|(listen, path)| !*listen && listening.contains(path))
+            })
+            .count(),
+    )
 }
 
-/// [`fds`] once the process holds no client connection, waiting (by
-/// polling /proc) at most `timeout`; `Err` with the last count if
-/// connections were still open then.
-pub fn fds_without_clients(pid: i32, timeout: Duration) -> Result<Fds, Option<Fds>> {
+/// Connections waiting in the listen backlog of the unix sockets bound
+/// under `dir` (`ss`'s Recv-Q of a listening socket); `None` when `ss`
+/// cannot tell.
+pub fn listen_queue(dir: &Path) -> Option<usize> {
+    let out = crate::procs::output_of("ss", &["-xlnH"])?;
+    let prefix = format!("{}/", dir.display());
+    // "u_str LISTEN <Recv-Q> <Send-Q> <path> <inode> * 0"
+    Some(
+        out.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() >= 5 && f[1] == "LISTEN" && f[4].starts_with(&prefix))
+                    .then(|| f[2].parse::<usize>().ok())?
+            })
+            .sum(),
+    )
+}
+
+/// [`fds`] once the process holds no client connection and none waits in
+/// the backlog of its sockets under `sock_dir`, waiting (by polling /proc
+/// and `ss`) at most `timeout`; `Err` with the last count if that did not
+/// happen.
+pub fn fds_without_clients(
+    pid: i32,
+    sock_dir: &Path,
+    timeout: Duration,
+) -> Result<Fds, Option<Fds>> {
     let deadline = Instant::now() + timeout;
+    let quiet = || client_connections(pid) == Some(0);
     loop {
         let f = fds(pid);
-        if let Some(f) = f {
-            if f.connections == 0 {
-                return Ok(f);
+        // Nothing accepted between the looks: the count is one without
+        // clients.
+        if f.is_some() && quiet() && listen_queue(sock_dir).unwrap_or(0) == 0 {
+            let again = fds(pid);
+            if again == f && quiet() {
+                return f.ok_or(None);
             }
         }
         if Instant::now() >= deadline {

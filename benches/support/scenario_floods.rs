@@ -47,14 +47,15 @@ pub fn floods(sec: &mut Section, c: &Counts) {
          timed ADD, {} connections are opened and left silent (non-blocking connects; one \
          that finds the listen backlog full waits for room while plexusd makes it), then a \
          loopback ADD runs through plexus-shim in a network namespace, behind whatever is \
-         still queued. The same ADD without any flood runs in the same round, before the \
-         flood is (re)opened. (2) Large bodies: a fresh plexusd with `connectionLimit` \
-         {CONNECTION_LIMIT} gets {} concurrent `POST /cni` ADDs of about 1 MiB each, all \
-         released at once; its peak RSS (VmHWM) and its RSS once the burst is over. (3) \
-         Descriptors: the idle-flood daemon's open descriptors before the floods, after \
-         them, and after {} ADDs of a plugin whose child (`setsid`) keeps the plugin's \
-         stdout and stderr open and outlives it.",
-        c.flood_conns, c.big_bodies, c.setsid_adds
+         still queued. The same ADD without any flood runs in the same round before the \
+         flood is (re)opened, once plexusd holds no client connection and none waits in \
+         its backlog. (2) Descriptors: the idle-flood daemon's open descriptors before \
+         the floods, after them, and after {} ADDs of a plugin whose child (`setsid`) keeps \
+         the plugin's stdout and stderr open and outlives it. (3) Large bodies: a fresh \
+         plexusd with `connectionLimit` {CONNECTION_LIMIT} gets {} concurrent `POST /cni` \
+         ADDs of about 1 MiB each, all released at once; its peak RSS (VmHWM) and its RSS \
+         once the burst is over.",
+        c.flood_conns, c.setsid_adds, c.big_bodies
     ));
     let engine = Engine::new("bench-flood");
     let net = Network::loopback();
@@ -85,7 +86,7 @@ fn median(v: &[usize]) -> usize {
     v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
 }
 
-/// Parts (1) and (3): one daemon at `maxConnections` 64.
+/// Parts (1) and (2): one daemon at `maxConnections` 64.
 fn idle_and_descriptors(sec: &mut Section, c: &Counts, engine: &Engine, net: &Network) {
     // The flood's descriptors, the shims' and plexusd's own.
     let want = c.flood_conns as u64 + 1024;
@@ -125,6 +126,7 @@ exit 0"#
         }),
     );
     let pid = d.pid();
+    let sock_dir = d.sock.parent().unwrap_or(Path::new("/"));
     let netns = Netns::new();
     let lo = |cmd: &str, cid: &str| shim_call(&d.sock, cmd, cid, &netns.path, &net.ifname);
     // The cluster network (loopback, `lo`) plus the fake as `net1`.
@@ -148,7 +150,7 @@ exit 0"#
         warm.note(what, &call.run());
     }
     warm.report(sec, "warm-up");
-    let before = fds_without_clients(pid, SETTLE);
+    let before = fds_without_clients(pid, sock_dir, SETTLE);
 
     // (1) Rounds: the ADD without a flood, then with one.
     let mut base = Timed::default();
@@ -156,6 +158,7 @@ exit 0"#
     let mut dels = Failures::default();
     let mut fills: Vec<Fill> = Vec::new();
     let mut open_at_add = Vec::new();
+    let (mut sockets_at_add, mut fds_at_add) = (Vec::new(), Vec::new());
     let mut flood = Flood::new();
     for r in 0..c.flood_rounds {
         eprintln!(
@@ -163,8 +166,9 @@ exit 0"#
             c.flood_conns
         );
         flood.clear();
-        // No connection of the last round is left in plexusd.
-        let _ = fds_without_clients(pid, SETTLE);
+        // No connection of the last round is left in plexusd or its
+        // backlog.
+        let _ = fds_without_clients(pid, sock_dir, SETTLE);
         let cid = format!("flood-base-{r}");
         base.run("ADD without flood", &lo("ADD", &cid));
         dels.note("DEL", &lo("DEL", &cid).run());
@@ -175,13 +179,17 @@ exit 0"#
             Instant::now() + Duration::from_secs(5),
         );
         open_at_add.push(flood.still_open());
+        if let Some(f) = flood::fds(pid) {
+            sockets_at_add.push(f.sockets);
+            fds_at_add.push(f.total);
+        }
         let cid = format!("flood-idle-{r}");
         flooded.run("ADD behind the flood", &lo("ADD", &cid));
         dels.note("DEL", &lo("DEL", &cid).run());
         fills.push(fill);
     }
     flood.clear();
-    let after_flood = fds_without_clients(pid, SETTLE);
+    let after_flood = fds_without_clients(pid, sock_dir, SETTLE);
     let text = metrics_text(&d.sock);
     let evicted = metric(&text, "plexus_connections_evicted_total", &[]);
     let cap = metric(&text, "plexus_connections_limit", &[]);
@@ -245,6 +253,19 @@ exit 0"#
             .into(),
         median(&open_at_add).to_string(),
     ]);
+    let quiet_sockets = before.as_ref().map_or(0, |f| f.sockets);
+    t.row(vec![
+        "of which plexusd held (accepted, idle) when the ADD started: its sockets beyond \
+         those it has with no client"
+            .into(),
+        median(&sockets_at_add)
+            .saturating_sub(quiet_sockets)
+            .to_string(),
+    ]);
+    t.row(vec![
+        "plexusd's descriptors when the ADD started (all kinds)".into(),
+        median(&fds_at_add).to_string(),
+    ]);
     t.row(vec![
         "connections plexusd closed to make room, all rounds (`plexus_connections_evicted_total`)"
             .into(),
@@ -281,12 +302,12 @@ exit 0"#
         ok,
     ));
 
-    // (3) A plugin whose child keeps its pipes.
+    // (2) A plugin whose child keeps its pipes.
     let mut adds = Timed::default();
     for i in 0..c.setsid_adds {
         adds.run("setsid ADD", &setsid("ADD", &format!("flood-setsid-{i}")));
     }
-    let after_setsid = fds_without_clients(pid, SETTLE);
+    let after_setsid = fds_without_clients(pid, sock_dir, SETTLE);
     let needle = format!("{}/{SETSID_CHILD}", engine.bin_dir.display());
     let children: Vec<i32> = engine
         .fake_processes()
@@ -311,9 +332,8 @@ exit 0"#
     let show = |f: &Result<Fds, Option<Fds>>| match f {
         Ok(f) => f.describe(),
         Err(Some(f)) => format!(
-            "{} with {} client connection(s) still open after {} s",
+            "{}, with client connections still open after {} s",
             f.describe(),
-            f.connections,
             SETTLE.as_secs()
         ),
         Err(None) => "n/a (plexusd is gone)".into(),
@@ -354,8 +374,9 @@ exit 0"#
         met(same(&after_setsid)),
     ]);
     sec.para(&format!(
-        "(3) Descriptors of the same daemon, each count taken once plexusd holds no client \
-         connection (accepted sockets of its listener, from /proc/net/unix). The fake plugin \
+        "(2) Descriptors of the same daemon, each count taken once plexusd holds no client \
+         connection (accepted sockets of its listener, from /proc/net/unix) and none waits \
+         in its backlog (`ss`). The fake plugin \
          answers its ADD (attached as `net1` through `PLEXUS_NETWORKS`, after loopback) once \
          its `setsid` child runs, which keeps the plugin's stdout and stderr for 30 s; the \
          {} ADDs took p50 {}, max {}; {} children were found running afterwards and \
@@ -495,7 +516,7 @@ fn send_big(sock: &Path, req: &BigAdd, cid: &str) -> Answer {
     }
 }
 
-/// Part (2): a fresh daemon (its VmHWM is its own peak) under a burst of
+/// Part (3): a fresh daemon (its VmHWM is its own peak) under a burst of
 /// large requests.
 fn large_bodies(sec: &mut Section, c: &Counts, engine: &Engine, net: &Network) {
     let n = c.big_bodies;
@@ -674,7 +695,7 @@ fn large_bodies(sec: &mut Section, c: &Counts, engine: &Engine, net: &Network) {
         fmt_kib(rss_after),
     ]);
     sec.para(&format!(
-        "(2) Large bodies: {n} clients connect at once and each sends one `POST /cni` ADD \
+        "(3) Large bodies: {n} clients connect at once and each sends one `POST /cni` ADD \
          (loopback, its own container id, one network namespace) whose config carries an \
          unknown key padded so that the body is just under the 1 MiB cap. plexusd: fresh \
          process, `connectionLimit` {CONNECTION_LIMIT}, readTimeout 10 s (default), body budget \

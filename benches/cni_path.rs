@@ -10,7 +10,8 @@
 //! * `PLEXUS_BENCH_QUICK=1`: far fewer iterations, for trying the bench
 //!   out; the numbers mean little and the report says so.
 //! * `PLEXUS_BENCH_OUT=<path>`: write the report there instead.
-//! * `PLEXUS_BENCH_ONLY=1,4`: run only these scenarios (by number).
+//! * `PLEXUS_BENCH_ONLY=1,4` or `PLEXUS_BENCH_ONLY=floods`: run only these
+//!   scenarios, by number or by the first word of their title.
 //!
 //! The bench reports; it never fails on a missed target. Everything it
 //! creates (namespaces, links, temp dirs, processes) is owned by a guard
@@ -20,6 +21,11 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+#[path = "support/scenario_floods.rs"]
+mod floods;
+
+#[path = "support/flood.rs"]
+mod flood;
 #[path = "support/procs.rs"]
 mod procs;
 #[path = "support/report.rs"]
@@ -88,6 +94,14 @@ struct Counts {
     record_io: usize,
     /// Calls of each command counted under strace.
     strace_calls: usize,
+    /// Idle connections opened before each flooded ADD.
+    flood_conns: usize,
+    /// Timed ADDs with and without the idle flood.
+    flood_rounds: usize,
+    /// Concurrent ~1 MiB requests.
+    big_bodies: usize,
+    /// ADDs of the plugin whose child keeps its pipes.
+    setsid_adds: usize,
 }
 
 impl Counts {
@@ -108,6 +122,10 @@ impl Counts {
                 calls_between_restarts: 8,
                 record_io: 20,
                 strace_calls: 5,
+                flood_conns: 5000,
+                flood_rounds: 3,
+                big_bodies: 200,
+                setsid_adds: 20,
             };
         }
         Self {
@@ -125,6 +143,10 @@ impl Counts {
             calls_between_restarts: 40,
             record_io: 200,
             strace_calls: 20,
+            flood_conns: 5000,
+            flood_rounds: 5,
+            big_bodies: 1000,
+            setsid_adds: 20,
         }
     }
 }
@@ -1947,8 +1969,13 @@ fn run(title: &str, needs_root: bool, f: impl FnOnce(&mut Section)) -> Section {
     let t0 = Instant::now();
     let mut sec = Section::new(title);
     if let Ok(only) = std::env::var("PLEXUS_BENCH_ONLY") {
-        let number = title.split('.').next().unwrap_or("");
-        if !only.split(',').any(|o| o.trim() == number) {
+        let (number, name) = title.split_once(". ").unwrap_or((title, ""));
+        let word = name.split_whitespace().next().unwrap_or("");
+        let selected = only
+            .split(',')
+            .map(str::trim)
+            .any(|o| o == number || (!o.is_empty() && o.eq_ignore_ascii_case(word)));
+        if !selected {
             sec.para("Skipped: not selected by PLEXUS_BENCH_ONLY.");
             return sec;
         }
@@ -2007,6 +2034,7 @@ fn main() {
         false,
         |s| record_io(s, &c),
     ));
+    sections.push(run("9. Floods", true, |s| floods::floods(s, &c)));
 
     let mut out = String::new();
     out.push_str("# Plexus benchmark: the CNI call path\n\n");

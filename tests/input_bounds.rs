@@ -280,3 +280,25 @@ fn a_plugin_past_plugin_timeout_should_be_code_11_naming_it_and_the_deadline() {
     });
     assert_eq!(e.records(), Vec::<String>::new());
 }
+
+/// A plugin's error without a code (0, "unknown", for libcni) reaches the
+/// runtime as 999, never as 0.
+#[test]
+fn a_plugin_error_without_a_code_should_reach_the_runtime_as_999() {
+    let e = Engine::new("bounds-nocode");
+    e.fake(
+        "nocode",
+        "case \"$CNI_COMMAND\" in ADD) echo '{\"msg\":\"no code here\"}'; exit 1 ;; esac\nexit 0",
+    );
+    e.write_network(
+        "10-nocode.conflist",
+        &json!({"cniVersion": "1.0.0", "name": "nocode-net", "plugins": [{"type": "nocode"}]}),
+    );
+    let d = e.start("d", "nocode-net", "10s");
+    let ns = Netns::new();
+    let run = Call::new("ADD", "nocode-1", &ns, "eth0").run(&d);
+    let (code, msg, all) = failed(&d, &run);
+    assert_eq!(code, 999, "{all}");
+    assert!(msg.contains("no code here"), "{msg}");
+    assert_eq!(e.records(), Vec::<String>::new());
+}

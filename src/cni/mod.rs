@@ -20,6 +20,10 @@
 //!   runs; before a container's plugins run, groups that an earlier
 //!   (crashed) daemon left running for it are killed.
 //!
+//! - No plugin ever runs in the host's network namespace (plexusd's or
+//!   PID 1's): ADD, CHECK and DEL check `CNI_NETNS` before anything runs,
+//!   and GC checks each recorded namespace (see [`netns`]).
+//!
 //! This module knows nothing about HTTP, the shim or Kubernetes.
 
 pub mod exec;

@@ -22,12 +22,11 @@ pub const PATH_ATTACHMENTS: &str = "/attachments/";
 /// Largest request body the daemon accepts.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
-/// CNI error codes used by Plexus (CNI spec, "Error" section).
+/// The CNI error codes of the whole crate (CNI spec, "Error"; libcni for
+/// 999): the daemon, the engine and the shim all report with these.
 pub mod code {
     /// Incompatible CNI version.
     pub const INCOMPATIBLE_VERSION: u32 = 1;
-    /// Unsupported field in network configuration.
-    pub const UNSUPPORTED_FIELD: u32 = 2;
     /// Container unknown or does not exist.
     pub const UNKNOWN_CONTAINER: u32 = 3;
     /// Invalid necessary environment variables.
@@ -38,21 +37,19 @@ pub mod code {
     pub const DECODING_FAILURE: u32 = 6;
     /// Invalid network config.
     pub const INVALID_NETWORK_CONFIG: u32 = 7;
-    /// Try again later.
+    /// Try again later: a transient condition (overload, shutdown, a
+    /// plugin past its deadline).
     pub const TRY_AGAIN_LATER: u32 = 11;
-    /// Plugin not available.
-    pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
-    /// Internal error (first plugin-specific code).
-    pub const INTERNAL: u32 = 100;
     /// Shim: the request was sent but no complete answer came back (reset,
     /// closed mid-response, timed out); whether it took effect is unknown.
     pub const NO_ANSWER: u32 = 101;
     /// Shim: the daemon's answer is not valid HTTP, or a 200 whose body is
     /// not what the command expects.
     pub const BAD_ANSWER: u32 = 102;
-    /// A failure reported without a CNI code (libcni `ErrInternal`); the shim
-    /// uses it for a plain-text error body, as a multus daemon sends.
-    pub const UNCODED_FAILURE: u32 = 999;
+    /// Any other failure, and one reported without a code: libcni's
+    /// `ErrInternal`, what skel prints for a plain error (and multus-shim
+    /// for every error). Never 0, which a runtime reads as "unknown".
+    pub const INTERNAL: u32 = 999;
 }
 
 /// The body of `POST /cni` and `POST /delegate`.

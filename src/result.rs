@@ -18,8 +18,9 @@
 //! Strings are escaped as Go's encoding/json escapes them (`<`, `>`, `&`,
 //! U+2028 and U+2029 as `\u` sequences).
 //!
-//! This module depends on nothing else in the crate (the shim and the CNI
-//! engine both use it) and on nothing heavier than serde.
+//! This module depends on nothing else in the crate but the error codes of
+//! `api` (the shim and the CNI engine both use it) and on nothing heavier
+//! than serde.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -29,16 +30,13 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::ser::{Formatter, PrettyFormatter};
 use serde_json::Value;
 
+use crate::api::code;
+
 /// Result versions this module reads and writes, oldest first.
 pub const SUPPORTED: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 /// The newest supported version (the one plexusd answers in).
 pub const LATEST: &str = "1.1.0";
-
-/// CNI error code for an incompatible version (CNI spec, "Error").
-const CODE_INCOMPATIBLE_VERSION: u32 = 1;
-/// CNI error code for content that cannot be decoded (CNI spec, "Error").
-const CODE_DECODING_FAILURE: u32 = 6;
 
 /// Why a result could not be read or converted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +57,8 @@ impl Error {
     /// (decoding failure).
     pub fn code(&self) -> u32 {
         match self {
-            Error::Unsupported { .. } => CODE_INCOMPATIBLE_VERSION,
-            Error::NoVersion | Error::Invalid { .. } => CODE_DECODING_FAILURE,
+            Error::Unsupported { .. } => code::INCOMPATIBLE_VERSION,
+            Error::NoVersion | Error::Invalid { .. } => code::DECODING_FAILURE,
         }
     }
 }

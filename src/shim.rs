@@ -547,6 +547,8 @@ impl Client<'_> {
 
 /// The CNI error for a non-200 answer: the daemon's own error JSON when it
 /// sent one (code, msg and details kept), else a message quoting the body.
+/// An error without a code (or with code 0, "unknown") gets the code the
+/// status implies: the runtime must never see success-looking 0.
 fn error_from(response: &Response) -> CniError {
     #[derive(Deserialize)]
     struct WireError {
@@ -557,20 +559,22 @@ fn error_from(response: &Response) -> CniError {
         #[serde(default)]
         details: String,
     }
+    // A 503 means "try again later" whatever its body says.
+    let uncoded = if response.status == 503 {
+        code::TRY_AGAIN_LATER
+    } else {
+        code::INTERNAL
+    };
     // Like multus-shim: a CNI error counts when it has a message.
     if let Ok(e) = serde_json::from_slice::<WireError>(&response.body) {
         if !e.msg.is_empty() {
-            return CniError::new(e.code, e.msg).with_details(e.details);
+            let code = if e.code == 0 { uncoded } else { e.code };
+            return CniError::new(code, e.msg).with_details(e.details);
         }
     }
     let text = String::from_utf8_lossy(&response.body);
     let text = text.trim();
-    // A 503 means "try again later" whatever its body says.
-    let code = if response.status == 503 {
-        code::TRY_AGAIN_LATER
-    } else {
-        code::UNCODED_FAILURE
-    };
+    let code = uncoded;
     if text.is_empty() {
         return CniError::new(
             code,
@@ -1177,7 +1181,37 @@ mod tests {
         assert_eq!(e.msg, "the daemon answered 503 Whatever with an empty body");
         let e = error_from(&resp(400, r#"{"code":7}"#));
         assert_eq!(e.code, 999, "no msg: quoted as text");
+        assert_eq!(e.code, code::INTERNAL);
         let long = "x".repeat(10_000);
         assert!(error_from(&resp(500, &long)).msg.len() < 4200);
+    }
+    #[test]
+    fn daemon_errors_without_a_code_should_not_become_code_0() {
+        let resp = |status, body: &str| Response {
+            status,
+            reason: "Whatever".into(),
+            body: body.as_bytes().to_vec(),
+        };
+        for body in [r#"{"msg":"x"}"#, r#"{"code":0,"msg":"x"}"#] {
+            let e = error_from(&resp(400, body));
+            assert_eq!((e.code, e.msg.as_str()), (code::INTERNAL, "x"), "{body}");
+            let e = error_from(&resp(500, body));
+            assert_eq!(e.code, code::INTERNAL, "{body}");
+            let e = error_from(&resp(503, body));
+            assert_eq!(
+                (e.code, e.msg.as_str()),
+                (code::TRY_AGAIN_LATER, "x"),
+                "{body}"
+            );
+        }
+        let e = error_from(&resp(400, r#"{"msg":"x","details":"d"}"#));
+        assert_eq!(e.details, "d");
+        // What the runtime reads: a non-zero code and the message.
+        let out = Outcome::failure(&error_from(&resp(400, r#"{"msg":"x"}"#)));
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            (json["code"].as_u64(), json["msg"].as_str()),
+            (Some(999), Some("x"))
+        );
     }
 }

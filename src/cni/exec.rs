@@ -39,7 +39,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::Mutex as AsyncMutex;
 
-use super::types::code;
+use crate::api::code;
 use crate::metrics::{Metrics, PluginLabels};
 
 /// Most a plugin may print on stdout; results are a few KiB.
@@ -147,9 +147,13 @@ impl ExecError {
     /// The CNI error code this failure is reported with.
     pub fn code(&self) -> u32 {
         match self {
+            // 0 is "unknown": a plugin that printed none failed all the same.
+            ExecError::Failed { error, .. } if error.code == 0 => code::INTERNAL,
             ExecError::Failed { error, .. } => error.code,
             ExecError::InvalidResult { .. } | ExecError::BadError { .. } => code::DECODING_FAILURE,
             ExecError::Io { .. } => code::IO_FAILURE,
+            // Hung or slow, not broken: the runtime retries the call.
+            ExecError::TimedOut { .. } => code::TRY_AGAIN_LATER,
             _ => code::INTERNAL,
         }
     }

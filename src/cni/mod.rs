@@ -20,9 +20,14 @@
 //!   runs; before a container's plugins run, groups that an earlier
 //!   (crashed) daemon left running for it are killed.
 //!
+//! - No plugin ever runs in the host's network namespace (plexusd's or
+//!   PID 1's): ADD, CHECK and DEL check `CNI_NETNS` before anything runs,
+//!   and GC checks each recorded namespace (see [`netns`]).
+//!
 //! This module knows nothing about HTTP, the shim or Kubernetes.
 
 pub mod exec;
+pub mod netns;
 pub mod record;
 pub mod types;
 
@@ -41,7 +46,8 @@ use self::record::{
     Attachment, Delegate, Durability, Held, Locks, Marker, MarkerState, Markers, Record, State,
     Store,
 };
-use self::types::{at_least, code, negotiate, Command, Invocation, NetworkList};
+use self::types::{at_least, negotiate, Command, Invocation, NetworkList};
+use crate::api::code;
 use crate::metrics::Metrics;
 use crate::result;
 
@@ -57,8 +63,6 @@ pub const DEFAULT_PLUGIN_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a plugin group left by an earlier daemon may take to die after
 /// SIGKILL before the call gives up ("try again later").
 const STALE_GROUP_WAIT: Duration = Duration::from_secs(5);
-/// CNI's "try again later" error code.
-const TRY_AGAIN_LATER: u32 = 11;
 
 /// Kills a plugin group an earlier daemon left ([`exec::kill_stale_group`];
 /// unit tests put a fake in its place).
@@ -340,6 +344,28 @@ impl Engine {
         &self.config
     }
 
+    /// Refuses a `CNI_NETNS` that is the host's network namespace, or, but
+    /// for DEL, not a network namespace at all (see [`netns::check`]). An
+    /// empty one (DEL only) names no namespace and passes.
+    async fn check_netns(&self, command: Command, path: &str) -> Result<(), Error> {
+        if path.is_empty() {
+            return Ok(());
+        }
+        let owned = path.to_string();
+        let may_be_gone = command == Command::Del;
+        blocking(move || netns::check(&owned, may_be_gone))
+            .await?
+            .map(|_| ())
+            .map_err(|e| {
+                tracing::warn!(command = %command, netns = path, cause = %e, "refused CNI_NETNS");
+                Error::new(
+                    ErrorKind::Invalid,
+                    code::INVALID_ENVIRONMENT,
+                    format!("{command}: {e}"),
+                )
+            })
+    }
+
     /// Loads a network by name (from `confDir`) or path.
     pub async fn load(&self, network: &str) -> Result<NetworkList, Error> {
         let dir = self.config.conf_dir.clone();
@@ -382,7 +408,7 @@ impl Engine {
                 .map_err(|(pgid, e)| {
                     Error::new(
                         ErrorKind::Failed,
-                        TRY_AGAIN_LATER,
+                        code::TRY_AGAIN_LATER,
                         format!(
                             "container {id:?}: plugin process group {pgid}, left running by an earlier plexusd, survived SIGKILL for {}: {e}; try again later",
                             crate::duration::format(STALE_GROUP_WAIT)
@@ -661,6 +687,9 @@ impl Engine {
         cap_args: Map<String, Value>,
         planned: Vec<Planned>,
     ) -> Result<Value, Error> {
+        // Before anything runs, so the rollback of a failed ADD, too, only
+        // ever runs in a namespace that passed.
+        self.check_netns(Command::Add, &inv.netns).await?;
         let lock = self.lock_op(&inv.container_id).await?;
         let out = self.add_locked(inv, cap_args, planned).await;
         self.unlock(&inv.container_id, lock).await;
@@ -693,6 +722,9 @@ impl Engine {
                 ),
             ));
         }
+        // Only what some plugin declared: nothing else reaches a plugin
+        // (libcni's rule, see stdin_for), so nothing else is kept.
+        let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
         record.attachments.push(Attachment {
             ifname: inv.ifname.clone(),
             netns: inv.netns.clone(),
@@ -711,6 +743,20 @@ impl Engine {
                 .collect(),
         });
         let slot = record.attachments.len() - 1;
+        // A record read back on every call must stay small; refused before
+        // anything ran, so there is nothing to roll back.
+        let size = record::encoded_len(&record);
+        if size > record::MAX_NEW_RECORD_BYTES {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                code::INVALID_NETWORK_CONFIG,
+                format!(
+                    "container {:?}: the attachment record would be {size} bytes, more than the {} allowed; the network configurations or the capability arguments (runtimeConfig) they declare are too large",
+                    inv.container_id,
+                    record::MAX_NEW_RECORD_BYTES
+                ),
+            ));
+        }
 
         for (i, (p, prep)) in planned.iter().zip(&prepared).enumerate() {
             record.attachments[slot].delegates[i].state = State::Adding;
@@ -793,7 +839,7 @@ impl Engine {
     /// `None` when nothing is, or the id is not a valid container id.
     /// A damaged record is reported as such. Reads only, without a lock.
     pub async fn attachments(&self, container_id: &str) -> Result<Option<Value>, Error> {
-        if !types::is_valid_name(container_id) {
+        if !types::is_valid_container_id(container_id) {
             return Ok(None);
         }
         let store = self.store.clone();
@@ -821,6 +867,7 @@ impl Engine {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
     {
+        self.check_netns(Command::Del, &inv.netns).await?;
         let lock = self.lock_op(&inv.container_id).await?;
         let out = self.del_or_fall_back(inv, cap_args, fallback).await;
         self.unlock(&inv.container_id, lock).await;
@@ -855,6 +902,7 @@ impl Engine {
             tracing::warn!(container_id = %inv.container_id, ifname = %inv.ifname, networks = ?names, "the container's record was damaged: DEL runs the configured networks");
             // Recorded like an ADD that was cut short, so that whatever
             // fails here stays recorded for the next DEL.
+            let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
             record.attachments.push(Attachment {
                 ifname: inv.ifname.clone(),
                 netns: inv.netns.clone(),
@@ -929,6 +977,7 @@ impl Engine {
     /// CHECK: verifies every recorded network of the attachment with the
     /// recorded result, in order; the first failure is returned.
     pub async fn check(&self, inv: &Invocation) -> Result<(), Error> {
+        self.check_netns(Command::Check, &inv.netns).await?;
         let lock = self.lock_op(&inv.container_id).await?;
         let out = self.check_locked(inv).await;
         self.unlock(&inv.container_id, lock).await;
@@ -1104,6 +1153,13 @@ impl Engine {
                 args: att.cni_args.clone(),
                 arg_pairs: Vec::new(),
             };
+            // The recorded namespace is checked again: it may be gone, but
+            // it must not be (or have become) the host's.
+            if let Err(e) = self.check_netns(Command::Del, &att.netns).await {
+                failed.insert((id.to_string(), att.ifname.clone()));
+                errors.push(e);
+                continue;
+            }
             tracing::info!(container_id = %id, ifname = %att.ifname, "GC: deleting a stale attachment");
             if let Err(e) = self.del_attachment(&inv, &att.netns, &mut record).await {
                 failed.insert((id.to_string(), att.ifname.clone()));
@@ -1270,6 +1326,24 @@ fn recorded_list(d: &Delegate) -> Result<NetworkList, types::ConfigError> {
     )
 }
 
+/// The capability arguments of `cap_args` that some plugin of `lists`
+/// declares (`"capabilities": {"<key>": true}`): the only ones libcni
+/// passes to plugins, hence the only ones DEL can need.
+fn declared_capabilities<'a>(
+    lists: impl Iterator<Item = &'a NetworkList>,
+    mut cap_args: Map<String, Value>,
+) -> Map<String, Value> {
+    let declared: BTreeSet<&str> = lists
+        .flat_map(|l| l.plugins.iter())
+        .filter_map(|p| p.get("capabilities").and_then(Value::as_object))
+        .flat_map(|caps| caps.iter())
+        .filter(|(_, on)| on.as_bool() == Some(true))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    cap_args.retain(|k, _| declared.contains(k.as_str()));
+    cap_args
+}
+
 /// Runs blocking file work off the async runtime.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
     tokio::task::spawn_blocking(f).await.map_err(|e| {
@@ -1430,7 +1504,7 @@ mod tests {
             .del(&del_call("c2"), Map::new(), no_fallback)
             .await
             .unwrap_err();
-        assert_eq!(e.code, TRY_AGAIN_LATER, "{e}");
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
         assert!(
             e.msg.contains("c2") && e.msg.contains(&SURVIVOR.to_string()),
             "{e}"

@@ -114,6 +114,12 @@ impl Record {
     }
 }
 
+/// The size of `record` as [`Store::save`] writes it.
+pub fn encoded_len(record: &Record) -> usize {
+    // A Record is strings, maps and JSON values: it always serialises.
+    serde_json::to_vec(record).map(|b| b.len()).unwrap_or(0)
+}
+
 /// What a user wants to know about a container: its networks, interfaces
 /// and addresses, from the recorded results.
 pub fn summary(record: &Record) -> Value {
@@ -209,8 +215,12 @@ pub enum Durability {
     Atomic,
 }
 
-/// Longest record file read; records are a few KiB.
+/// Longest record file read (and written); records are a few KiB.
 const MAX_RECORD_BYTES: u64 = 16 << 20;
+/// Largest record an ADD may start with, before any plugin ran (network
+/// configurations and capability arguments); the results that follow add a
+/// few KiB per network, far from [`MAX_RECORD_BYTES`].
+pub const MAX_NEW_RECORD_BYTES: usize = 256 << 10;
 /// Held shared by every operation, exclusively by the plugins' GC. A
 /// container id starts with a letter or digit, so no container's lock file
 /// can have this name.
@@ -437,6 +447,15 @@ impl Store {
         ));
         // A Record is strings, maps and JSON values: it always serialises.
         let body = serde_json::to_vec(record).unwrap_or_default();
+        // What could not be read back would count as damaged.
+        if body.len() as u64 > MAX_RECORD_BYTES {
+            return Err(io_error(&path, "cannot write the attachment record")(
+                io::Error::other(format!(
+                    "it would be {} bytes, more than the {MAX_RECORD_BYTES} a record may have",
+                    body.len()
+                )),
+            ));
+        }
         write_atomically(&tmp, &path, &body, synced)?;
         if synced {
             sync_dir(&self.dir)?;

@@ -10,19 +10,19 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::api::code;
 use crate::result;
 
-/// CNI error codes used by the engine (CNI spec, "Error").
-pub mod code {
-    pub const INCOMPATIBLE_VERSION: u32 = 1;
-    pub const UNKNOWN_CONTAINER: u32 = 3;
-    pub const INVALID_ENVIRONMENT: u32 = 4;
-    pub const IO_FAILURE: u32 = 5;
-    pub const DECODING_FAILURE: u32 = 6;
-    pub const INVALID_NETWORK_CONFIG: u32 = 7;
-    /// What libcni's skel reports for a plain (uncoded) failure.
-    pub const INTERNAL: u32 = 999;
-}
+/// Longest container id accepted, in bytes. Every file name the engine
+/// derives from an id must stay under NAME_MAX (255): the longest is a
+/// temporary file, `.<id>.<pid>.<seq>.tmp` (record and marker writes, pid up
+/// to 10 digits, seq up to 20), that is id + 37 = 237 bytes; then the marker
+/// `<id>.<pgid>` (id + 11), the record `<id>.json` and the lock `<id>.lock`
+/// (id + 5) and the damaged records' directory `damaged/<id>`. Runtimes use
+/// 64 hex digits.
+pub const MAX_CONTAINER_ID: usize = 200;
+/// NAME_MAX minus the longest suffix and prefix put around an id.
+const _: () = assert!(MAX_CONTAINER_ID + 37 <= 255);
 
 /// The operations the engine runs (VERSION is answered by the shim).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -111,6 +111,7 @@ impl Invocation {
     /// none of them.
     pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Self, Invalid> {
         let raw = get("CNI_COMMAND").unwrap_or_default();
+        validate_env_value("CNI_COMMAND", &raw)?;
         if raw.is_empty() {
             return Err(Invalid::env("required env variable CNI_COMMAND is missing"));
         }
@@ -120,6 +121,17 @@ impl Invocation {
         let netns = get("CNI_NETNS").unwrap_or_default();
         let ifname = get("CNI_IFNAME").unwrap_or_default();
         let args = get("CNI_ARGS").unwrap_or_default();
+        // A NUL cannot reach a plugin's environment at all, and no other
+        // control character belongs in these values; refused before any
+        // of them is used (a file name, a plugin's environment, a record).
+        for (key, value) in [
+            ("CNI_CONTAINERID", &container_id),
+            ("CNI_NETNS", &netns),
+            ("CNI_IFNAME", &ifname),
+            ("CNI_ARGS", &args),
+        ] {
+            validate_env_value(key, value)?;
+        }
         let arg_pairs = parse_args(&args)?;
         if command.has_attachment() {
             let mut missing = Vec::new();
@@ -174,14 +186,56 @@ pub fn validate_container_id(id: &str) -> Result<(), Invalid> {
             "required env variables [CNI_CONTAINERID] missing",
         ));
     }
+    if id.len() > MAX_CONTAINER_ID {
+        return Err(Invalid::env(format!(
+            "CNI_CONTAINERID is {} bytes long; at most {MAX_CONTAINER_ID} are allowed",
+            id.len()
+        )));
+    }
     if !is_valid_name(id) {
         return Err(Invalid::env("invalid characters in containerID").details(id.to_string()));
     }
     Ok(())
 }
 
+/// Whether `id` is a container id the engine accepts (see
+/// [`validate_container_id`]).
+pub fn is_valid_container_id(id: &str) -> bool {
+    validate_container_id(id).is_ok()
+}
+
+/// Refuses a request's environment if any name or value holds a control
+/// character (see [`validate_env_value`]), whether or not the engine reads
+/// that variable.
+pub fn validate_env<'a>(env: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<(), Invalid> {
+    for (key, value) in env {
+        if key.chars().any(char::is_control) {
+            return Err(Invalid::env(format!(
+                "the environment variable name {key:?} contains control characters"
+            )));
+        }
+        validate_env_value(key, value)?;
+    }
+    Ok(())
+}
+
+/// Refuses a CNI environment value holding a NUL or any other control
+/// character (C0, DEL, C1): none of them means anything in a CNI variable,
+/// and a NUL would make every later use of the value fail (the plugin's
+/// environment cannot hold it).
+pub fn validate_env_value(key: &str, value: &str) -> Result<(), Invalid> {
+    match value.char_indices().find(|(_, c)| c.is_control()) {
+        None => Ok(()),
+        Some((at, c)) => Err(Invalid::env(format!(
+            "{key} contains the control character {c:?} at byte {at}"
+        ))
+        .details(format!("{value:?}"))),
+    }
+}
+
 /// Interface names: non-empty, at most 15 bytes, not `.`/`..`, no `/`, `:`
-/// or whitespace (the kernel's and libcni's rules).
+/// or whitespace (the kernel's and libcni's rules), and no control
+/// characters (the kernel takes them, but nothing can name such a link).
 pub fn validate_ifname(name: &str) -> Result<(), Invalid> {
     if name.is_empty() {
         return Err(Invalid::env("interface name is empty"));
@@ -201,6 +255,11 @@ pub fn validate_ifname(name: &str) -> Result<(), Invalid> {
         return Err(
             Invalid::env("interface name contains / or : or whitespace characters")
                 .details(format!("{name:?}")),
+        );
+    }
+    if name.chars().any(char::is_control) {
+        return Err(
+            Invalid::env("interface name contains control characters").details(format!("{name:?}"))
         );
     }
     Ok(())
@@ -624,8 +683,75 @@ mod tests {
     }
 
     #[test]
+    fn control_characters_in_any_cni_variable_should_be_code_4() {
+        for (i, key) in [
+            "CNI_COMMAND",
+            "CNI_CONTAINERID",
+            "CNI_NETNS",
+            "CNI_IFNAME",
+            "CNI_ARGS",
+        ]
+        .iter()
+        .enumerate()
+        {
+            for bad in ["\0", "\n", "\x1b", "\x7f", "\u{85}"] {
+                let mut e: Vec<(&str, String)> =
+                    ADD.iter().map(|(k, v)| (*k, v.to_string())).collect();
+                e[i].1.push_str(bad);
+                let got = Invocation::from_env(|k| {
+                    e.iter().find(|(key, _)| *key == k).map(|(_, v)| v.clone())
+                });
+                let err = got.unwrap_err();
+                assert_eq!(err.code, 4, "{key} with {bad:?}");
+                assert!(err.msg.contains(key), "{key}: {}", err.msg);
+            }
+        }
+        // DEL without a netns reads CNI_NETNS too.
+        let del = [
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", "c"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "/run/netns/a\0b"),
+        ];
+        assert_eq!(Invocation::from_env(env(&del)).unwrap_err().code, 4);
+        // Any variable of the request, read or not.
+        assert!(validate_env([("CNI_PATH", "/usr/lib/cni\0")]).is_err());
+        assert!(validate_env([("CNI_\0X", "v")]).is_err());
+        validate_env([("CNI_PATH", "/opt/cni/bin:/usr/lib/cni"), ("X", "ünïcode")]).unwrap();
+    }
+
+    #[test]
+    fn container_ids_should_be_capped_at_the_maximum() {
+        let mut e: Vec<(&str, String)> = ADD.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        let get = |e: &Vec<(&str, String)>| {
+            Invocation::from_env(|k| e.iter().find(|(key, _)| *key == k).map(|(_, v)| v.clone()))
+        };
+        e[1].1 = "a".repeat(MAX_CONTAINER_ID);
+        get(&e).unwrap();
+        assert!(is_valid_container_id(&e[1].1));
+        e[1].1.push('a');
+        let err = get(&e).unwrap_err();
+        assert_eq!(err.code, 4);
+        assert!(
+            err.msg.contains(&MAX_CONTAINER_ID.to_string()),
+            "{}",
+            err.msg
+        );
+        assert!(!is_valid_container_id(&e[1].1));
+    }
+
+    #[test]
     fn bad_ifnames_should_be_rejected_and_15_bytes_accepted() {
-        for name in ["abcdefghijklmnop", "a/b", "a:b", "a b", ".", ".."] {
+        for name in [
+            "abcdefghijklmnop",
+            "a/b",
+            "a:b",
+            "a b",
+            ".",
+            "..",
+            "a\0",
+            "a\x01",
+        ] {
             assert_eq!(validate_ifname(name).unwrap_err().code, 4, "{name:?}");
         }
         validate_ifname("abcdefghijklmno").unwrap();

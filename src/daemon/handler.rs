@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use crate::api::{self, code};
-use crate::cni::types::{Command, Invocation};
+use crate::cni::types::{self, Command, Invalid, Invocation};
 use crate::cni::{self, Engine, ErrorKind, Planned};
 use crate::result;
 use crate::selection;
@@ -77,9 +77,12 @@ impl Handler for Networks {
 
 impl Networks {
     async fn serve(&self, request: api::Request) -> Result<Reply, Failure> {
-        let mut inv = Invocation::from_env(|k| request.env.get(k).cloned()).map_err(|i| {
+        let invalid = |i: Invalid| {
             Failure::new(FailureKind::InvalidRequest, i.code, i.msg).with_details(i.details)
-        })?;
+        };
+        types::validate_env(request.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(invalid)?;
+        let mut inv = Invocation::from_env(|k| request.env.get(k).cloned()).map_err(invalid)?;
         // PLEXUS_NETWORKS is ours: the plugins never see it (host-local,
         // for one, rejects unknown CNI_ARGS keys).
         let (requested, rest) = selection::take_from_args(&inv.arg_pairs).map_err(|e| {

@@ -22,7 +22,9 @@
 //!   daemon      composition root and lifecycle (the only module wiring others)
 //! ```
 //!
-//! Dependency direction: `api` depends on nothing; `server` knows nothing of
+//! Dependency direction: `api` depends on nothing (it holds the one table of
+//! CNI error codes, which `cni`, `result`, `server` and `shim` share);
+//! `server` knows nothing of
 //! systemd or CNI internals and calls the [`server::Handler`] trait; only
 //! `daemon` wires modules together; `shim` uses `api`, `result` and
 //! `duration` only (std-only modules, so the plugin stays small).

@@ -352,18 +352,7 @@ impl Engine {
             return Ok(());
         }
         let owned = path.to_string();
-        let may_be_gone = command == Command::Del;
-        blocking(move || netns::check(&owned, may_be_gone))
-            .await?
-            .map(|_| ())
-            .map_err(|e| {
-                tracing::warn!(command = %command, netns = path, cause = %e, "refused CNI_NETNS");
-                Error::new(
-                    ErrorKind::Invalid,
-                    code::INVALID_ENVIRONMENT,
-                    format!("{command}: {e}"),
-                )
-            })
+        blocking(move || check_netns_now(command, &owned)).await?
     }
 
     /// Loads a network by name (from `confDir`) or path.
@@ -379,20 +368,42 @@ impl Engine {
     /// [`OpLock`]), then kills the plugin groups an earlier daemon left
     /// running for it, so none of them can act after this operation's
     /// plugins. Fails ("try again later") if one of them survives.
-    async fn lock_op(&self, id: &str) -> Result<OpLock<'_>, Error> {
+    ///
+    /// One trip to the blocking pool does it all, each hand-off costing
+    /// CPU on every call: the check of `netns` (for `command`, before any
+    /// lock is taken, so a refused call leaves no lock file), the lock
+    /// files, the marker scan and, with `load`, the record.
+    async fn lock_op(
+        &self,
+        id: &str,
+        netns: Option<(Command, &str)>,
+        load: bool,
+    ) -> Result<(OpLock<'_>, Option<Loaded>), Error> {
         let gc = self.gc_lock.read().await;
         let container = self.lock_container(id).await;
         let locks = self.locks.clone();
         let markers = self.markers.clone();
+        let store = self.store.clone();
         let cid = id.to_string();
-        let (gc_file, file, stale) = blocking(move || -> Result<_, record::Error> {
-            let gc_file = locks.gc_shared()?;
-            let file = locks.lock(&cid)?;
-            let stale = markers.of(&cid)?;
-            Ok((gc_file, file, stale))
+        let netns = netns
+            .filter(|(_, path)| !path.is_empty())
+            .map(|(command, path)| (command, path.to_string()));
+        let (gc_file, file, stale, loaded) = blocking(move || -> Result<_, Error> {
+            if let Some((command, path)) = &netns {
+                check_netns_now(*command, path)?;
+            }
+            let gc_file = locks.gc_shared().map_err(Error::record)?;
+            let file = locks.lock(&cid).map_err(Error::record)?;
+            let stale = markers.of(&cid).map_err(Error::record)?;
+            let loaded = if load {
+                Some(load_now(&store, &cid).map_err(Error::record)?)
+            } else {
+                None
+            };
+            Ok((gc_file, file, stale, loaded))
         })
-        .await?
-        .map_err(Error::record)?;
+        .await??;
+        let loaded = loaded.map(|l| loaded_logged(id, l));
         let lock = OpLock {
             file,
             container,
@@ -416,7 +427,7 @@ impl Engine {
                     )
                 })?;
         }
-        Ok(lock)
+        Ok((lock, loaded))
     }
 
     /// Releases an operation's locks. The container's lock file goes too
@@ -652,23 +663,10 @@ impl Engine {
     async fn load_locked(&self, id: &str) -> Result<Loaded, Error> {
         let store = self.store.clone();
         let cid = id.to_string();
-        let (record, moved) = blocking(move || match store.load(&cid) {
-            Ok(r) => Ok((r, None)),
-            Err(e) if e.is_damaged() => {
-                let to = store.set_aside(&cid)?;
-                Ok((None, Some((e, to))))
-            }
-            Err(e) => Err(e),
-        })
-        .await?
-        .map_err(Error::record)?;
-        if let Some((why, to)) = &moved {
-            tracing::error!(container_id = %id, cause = %why, moved_to = %to.display(), "damaged attachment record moved aside; the container is treated as having no record");
-        }
-        Ok(Loaded {
-            record,
-            set_aside: moved.is_some(),
-        })
+        let raw = blocking(move || load_now(&store, &cid))
+            .await?
+            .map_err(Error::record)?;
+        Ok(loaded_logged(id, raw))
     }
 
     async fn save_record(&self, record: &Record, durability: Durability) -> Result<(), Error> {
@@ -689,9 +687,10 @@ impl Engine {
     ) -> Result<Value, Error> {
         // Before anything runs, so the rollback of a failed ADD, too, only
         // ever runs in a namespace that passed.
-        self.check_netns(Command::Add, &inv.netns).await?;
-        let lock = self.lock_op(&inv.container_id).await?;
-        let out = self.add_locked(inv, cap_args, planned).await;
+        let (lock, loaded) = self
+            .lock_op(&inv.container_id, Some((Command::Add, &inv.netns)), true)
+            .await?;
+        let out = self.add_locked(inv, cap_args, planned, loaded).await;
         self.unlock(&inv.container_id, lock).await;
         out
     }
@@ -701,15 +700,18 @@ impl Engine {
         inv: &Invocation,
         cap_args: Map<String, Value>,
         planned: Vec<Planned>,
+        loaded: Option<Loaded>,
     ) -> Result<Value, Error> {
         // Everything that can be checked before running anything is.
         let mut prepared = Vec::with_capacity(planned.len());
         for p in &planned {
             prepared.push(self.prepare(&p.list, Command::Add).await?);
         }
-        let mut record = self
-            .load_locked(&inv.container_id)
-            .await?
+        let loaded = match loaded {
+            Some(l) => l,
+            None => self.load_locked(&inv.container_id).await?,
+        };
+        let mut record = loaded
             .record
             .unwrap_or_else(|| Record::new(&inv.container_id));
         if record.attachment(&inv.ifname).is_some() {
@@ -867,9 +869,10 @@ impl Engine {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
     {
-        self.check_netns(Command::Del, &inv.netns).await?;
-        let lock = self.lock_op(&inv.container_id).await?;
-        let out = self.del_or_fall_back(inv, cap_args, fallback).await;
+        let (lock, loaded) = self
+            .lock_op(&inv.container_id, Some((Command::Del, &inv.netns)), true)
+            .await?;
+        let out = self.del_or_fall_back(inv, cap_args, fallback, loaded).await;
         self.unlock(&inv.container_id, lock).await;
         out
     }
@@ -879,12 +882,16 @@ impl Engine {
         inv: &Invocation,
         cap_args: Map<String, Value>,
         fallback: F,
+        loaded: Option<Loaded>,
     ) -> Result<(), Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
     {
-        let loaded = self.load_locked(&inv.container_id).await?;
+        let loaded = match loaded {
+            Some(l) => l,
+            None => self.load_locked(&inv.container_id).await?,
+        };
         let mut record = loaded
             .record
             .unwrap_or_else(|| Record::new(&inv.container_id));
@@ -977,15 +984,19 @@ impl Engine {
     /// CHECK: verifies every recorded network of the attachment with the
     /// recorded result, in order; the first failure is returned.
     pub async fn check(&self, inv: &Invocation) -> Result<(), Error> {
-        self.check_netns(Command::Check, &inv.netns).await?;
-        let lock = self.lock_op(&inv.container_id).await?;
-        let out = self.check_locked(inv).await;
+        let (lock, loaded) = self
+            .lock_op(&inv.container_id, Some((Command::Check, &inv.netns)), true)
+            .await?;
+        let out = self.check_locked(inv, loaded).await;
         self.unlock(&inv.container_id, lock).await;
         out
     }
 
-    async fn check_locked(&self, inv: &Invocation) -> Result<(), Error> {
-        let record = self.load_locked(&inv.container_id).await?.record;
+    async fn check_locked(&self, inv: &Invocation, loaded: Option<Loaded>) -> Result<(), Error> {
+        let record = match loaded {
+            Some(l) => l.record,
+            None => self.load_locked(&inv.container_id).await?.record,
+        };
         let Some(att) = record.as_ref().and_then(|r| r.attachment(&inv.ifname)) else {
             return Err(Error::new(
                 ErrorKind::Failed,
@@ -1104,8 +1115,8 @@ impl Engine {
                 // a second look under the lock decides.
                 _ => {}
             }
-            let lock = match self.lock_op(&id).await {
-                Ok(l) => l,
+            let lock = match self.lock_op(&id, None, false).await {
+                Ok((l, _)) => l,
                 Err(e) => {
                     errors.push(e);
                     continue;
@@ -1315,6 +1326,51 @@ fn clear_markers(
         }
     }
     Ok(())
+}
+
+/// [`netns::check`] for `command` as an engine error (code 4), logged.
+/// Blocking.
+fn check_netns_now(command: Command, path: &str) -> Result<(), Error> {
+    netns::check(path, command == Command::Del)
+        .map(|_| ())
+        .map_err(|e| {
+            tracing::warn!(command = %command, netns = path, cause = %e, "refused CNI_NETNS");
+            Error::new(
+                ErrorKind::Invalid,
+                code::INVALID_ENVIRONMENT,
+                format!("{command}: {e}"),
+            )
+        })
+}
+
+/// A damaged record moved aside: why, and where it went.
+type SetAside = (record::Error, PathBuf);
+
+/// The record of `id` (the caller holds its lock); a damaged one is moved
+/// aside (bytes kept). Blocking.
+fn load_now(
+    store: &Store,
+    id: &str,
+) -> Result<(Option<Record>, Option<SetAside>), record::Error> {
+    match store.load(id) {
+        Ok(r) => Ok((r, None)),
+        Err(e) if e.is_damaged() => {
+            let to = store.set_aside(id)?;
+            Ok((None, Some((e, to))))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// [`load_now`]'s answer, with a damaged record logged by container id.
+fn loaded_logged(id: &str, (record, moved): (Option<Record>, Option<SetAside>)) -> Loaded {
+    if let Some((why, to)) = &moved {
+        tracing::error!(container_id = %id, cause = %why, moved_to = %to.display(), "damaged attachment record moved aside; the container is treated as having no record");
+    }
+    Loaded {
+        record,
+        set_aside: moved.is_some(),
+    }
 }
 
 /// The network configuration a delegate was added with, from its record.

@@ -43,8 +43,7 @@ use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
 use self::exec::{CallEnv, ExecError, Group, Plugin, Runner};
 use self::record::{
-    Attachment, Delegate, Durability, Held, Locks, Marker, MarkerState, Markers, Record, State,
-    Store,
+    Attachment, Delegate, Durability, Held, Locks, MarkerState, Markers, Record, State, Store,
 };
 use self::types::{at_least, negotiate, Command, Invocation, NetworkList};
 use crate::api::code;
@@ -267,7 +266,7 @@ impl Engine {
     ) -> Result<Self, Error> {
         let store = Store::open(&config.state_dir).map_err(Error::record)?;
         let locks = Locks::open(&config.state_dir).map_err(Error::record)?;
-        let markers = Arc::new(Markers::open(&config.state_dir).map_err(Error::record)?);
+        let markers = Arc::new(Markers::new());
         let runner = Runner::new(config.bin_dirs.clone(), config.plugin_timeout, metrics)
             .with_journal(markers.clone());
         let engine = Self {
@@ -290,29 +289,16 @@ impl Engine {
     /// temporary files of writes it never finished, and removes lock files
     /// of containers without a record. Blocking.
     fn recover(&self) {
-        let mut work: BTreeMap<String, (Vec<Marker>, Vec<PathBuf>)> = BTreeMap::new();
-        match self.markers.all() {
-            Ok(all) => {
-                for m in all {
-                    work.entry(m.container_id.clone()).or_default().0.push(m);
-                }
-            }
-            Err(e) => tracing::warn!(cause = %e, "cannot list the plugin markers"),
-        }
-        for (id, path) in self
-            .store
-            .temp_files()
-            .into_iter()
-            .chain(self.markers.temp_files())
-        {
-            work.entry(id).or_default().1.push(path);
-        }
+        // Every container with a lock file (its marker, if any, is in it)
+        // or a leftover temporary file.
+        let mut work: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
         for id in self.locks.ids() {
-            if !self.store.exists(&id) {
-                work.entry(id).or_default();
-            }
+            work.entry(id).or_default();
         }
-        for (id, (stale, temps)) in work {
+        for (id, path) in self.store.temp_files() {
+            work.entry(id).or_default().push(path);
+        }
+        for (id, temps) in work {
             let held = match self.locks.try_lock(&id) {
                 Ok(Some(h)) => h,
                 Ok(None) => {
@@ -324,7 +310,7 @@ impl Engine {
                     continue;
                 }
             };
-            if let Err((pgid, e)) = clear_markers(&self.markers, self.kill_group, &id, &stale) {
+            if let Err((pgid, e)) = clear_marker(&self.markers, self.kill_group, &id, &held) {
                 tracing::error!(container_id = %id, pgid, cause = %e, "a plugin process group left by an earlier plexusd survived SIGKILL; calls for this container fail until it is gone");
             }
             for t in temps {
@@ -394,7 +380,7 @@ impl Engine {
             }
             let gc_file = locks.gc_shared().map_err(Error::record)?;
             let file = locks.lock(&cid).map_err(Error::record)?;
-            let stale = markers.of(&cid).map_err(Error::record)?;
+            let stale = markers.of(&cid, &file).map_err(Error::record)?;
             let loaded = if load {
                 Some(load_now(&store, &cid).map_err(Error::record)?)
             } else {
@@ -404,19 +390,18 @@ impl Engine {
         })
         .await??;
         let loaded = loaded.map(|l| loaded_logged(id, l));
-        let lock = OpLock {
-            file,
-            container,
-            gc_file,
-            gc,
-        };
-        if !stale.is_empty() {
-            let markers = self.markers.clone();
-            let kill = self.kill_group;
-            let cid = id.to_string();
-            blocking(move || clear_markers(&markers, kill, &cid, &stale))
-                .await?
-                .map_err(|(pgid, e)| {
+        let file = match stale {
+            None => file,
+            Some(_) => {
+                let markers = self.markers.clone();
+                let kill = self.kill_group;
+                let cid = id.to_string();
+                let (file, cleared) = blocking(move || {
+                    let r = clear_marker(&markers, kill, &cid, &file);
+                    (file, r)
+                })
+                .await?;
+                cleared.map_err(|(pgid, e)| {
                     Error::new(
                         ErrorKind::Failed,
                         code::TRY_AGAIN_LATER,
@@ -426,7 +411,17 @@ impl Engine {
                         ),
                     )
                 })?;
-        }
+                file
+            }
+        };
+        // From here on the runner notes each plugin's group in it.
+        self.markers.hold(id, &file);
+        let lock = OpLock {
+            file,
+            container,
+            gc_file,
+            gc,
+        };
         Ok((lock, loaded))
     }
 
@@ -440,6 +435,7 @@ impl Engine {
             gc_file,
             gc,
         } = lock;
+        self.markers.release(id);
         let store = self.store.clone();
         let cid = id.to_string();
         let released = blocking(move || {
@@ -1296,34 +1292,42 @@ impl Engine {
 
 /// Kills the group each marker of container `id` names and removes the
 /// marker; stops at the first group that survives (its marker stays) and
-/// returns its pgid with the cause. Blocking.
-fn clear_markers(
+/// Kills the plugin group an earlier holder of `held` (the lock of
+/// container `id`) noted in it and left running, and empties the marker.
+/// A group that survives keeps its marker and is the error. Blocking.
+fn clear_marker(
     markers: &Markers,
     kill: KillGroup,
     id: &str,
-    stale: &[Marker],
+    held: &Held,
 ) -> Result<(), (i32, std::io::Error)> {
-    for m in stale {
-        match m.state {
-            MarkerState::Running(group) => match kill(group, STALE_GROUP_WAIT) {
-                Ok(true) => {
-                    tracing::warn!(container_id = %id, pgid = group.pgid, "killed plugins an earlier plexusd left running")
-                }
-                Ok(false) => {
-                    tracing::info!(container_id = %id, pgid = group.pgid, "plugins of an earlier plexusd had already exited")
-                }
-                Err(e) => return Err((group.pgid, e)),
-            },
-            MarkerState::EarlierBoot => {
-                tracing::info!(container_id = %id, path = %m.path.display(), "removing a plugin marker from an earlier boot")
-            }
-            MarkerState::Unreadable => {
-                tracing::warn!(container_id = %id, path = %m.path.display(), "removing an unreadable plugin marker; its processes, if any, cannot be identified")
-            }
+    let marker = match markers.of(id, held) {
+        Ok(Some(m)) => m,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            tracing::warn!(container_id = %id, cause = %e, "cannot read the plugin marker");
+            return Ok(());
         }
-        if let Err(e) = markers.remove(m) {
-            tracing::warn!(container_id = %id, cause = %e, "cannot remove a plugin marker");
+    };
+    match marker.state {
+        MarkerState::Running(group) => match kill(group, STALE_GROUP_WAIT) {
+            Ok(true) => {
+                tracing::warn!(container_id = %id, pgid = group.pgid, "killed plugins an earlier plexusd left running")
+            }
+            Ok(false) => {
+                tracing::info!(container_id = %id, pgid = group.pgid, "plugins of an earlier plexusd had already exited")
+            }
+            Err(e) => return Err((group.pgid, e)),
+        },
+        MarkerState::EarlierBoot => {
+            tracing::info!(container_id = %id, path = %marker.path.display(), "removing a plugin marker from an earlier boot")
         }
+        MarkerState::Unreadable => {
+            tracing::warn!(container_id = %id, path = %marker.path.display(), "removing an unreadable plugin marker; its processes, if any, cannot be identified")
+        }
+    }
+    if let Err(e) = markers.clear(held) {
+        tracing::warn!(container_id = %id, cause = %e, "cannot empty a plugin marker");
     }
     Ok(())
 }
@@ -1348,10 +1352,7 @@ type SetAside = (record::Error, PathBuf);
 
 /// The record of `id` (the caller holds its lock); a damaged one is moved
 /// aside (bytes kept). Blocking.
-fn load_now(
-    store: &Store,
-    id: &str,
-) -> Result<(Option<Record>, Option<SetAside>), record::Error> {
+fn load_now(store: &Store, id: &str) -> Result<(Option<Record>, Option<SetAside>), record::Error> {
     match store.load(id) {
         Ok(r) => Ok((r, None)),
         Err(e) if e.is_damaged() => {
@@ -1517,12 +1518,22 @@ mod tests {
         }
     }
 
-    /// Writes a marker as the runner would for a group of this boot.
+    /// Writes a marker as the runner would for a group of this boot: into
+    /// the container's lock file, as a daemon that died holding it left it.
     fn marker(state: &Path, id: &str, pgid: i32, start_time: u64) -> PathBuf {
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
-        let path = state.join("running").join(format!("{id}.{pgid}"));
-        std::fs::write(&path, format!("{start_time} {}", boot.trim())).unwrap();
+        let dir = state.join("locks");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{id}.lock"));
+        std::fs::write(&path, format!("{pgid} {start_time} {}\n", boot.trim())).unwrap();
         path
+    }
+
+    /// Whether the marker in a lock file was emptied (or the file is gone).
+    fn cleared(path: &Path) -> bool {
+        std::fs::metadata(path)
+            .map(|m| m.len() == 0)
+            .unwrap_or(true)
     }
 
     fn del_call(id: &str) -> Invocation {
@@ -1553,7 +1564,7 @@ mod tests {
                 start_time: 42
             }]
         );
-        assert!(!m.exists(), "the marker of a killed group stayed");
+        assert!(cleared(&m), "the marker of a killed group stayed");
 
         let m = marker(dir.path(), "c2", SURVIVOR, 7);
         let e = engine
@@ -1565,7 +1576,7 @@ mod tests {
             e.msg.contains("c2") && e.msg.contains(&SURVIVOR.to_string()),
             "{e}"
         );
-        assert!(m.exists(), "the marker of a surviving group was removed");
+        assert!(!cleared(&m), "the marker of a surviving group was removed");
         // Nothing is left locked: the lock file of a container without a
         // record is gone, and the next call is not stuck.
         assert!(!dir.path().join("locks/c1.lock").exists());
@@ -1577,7 +1588,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let locks = Locks::open(dir.path()).unwrap();
         let store = Store::open(dir.path()).unwrap();
-        Markers::open(dir.path()).unwrap();
         let free = marker(dir.path(), "free", 999_003, 1);
         let busy = marker(dir.path(), "busy", 999_004, 1);
         let free_tmp = store.dir().join(".free.1.2.tmp");
@@ -1590,12 +1600,12 @@ mod tests {
 
         let _engine = Engine::build(engine_config(dir.path()), None, fake_kill).unwrap();
         assert_eq!(killed(999_003).len(), 1);
-        assert!(!free.exists() && !free_tmp.exists());
+        assert!(cleared(&free) && !free_tmp.exists());
         assert!(
             killed(999_004).is_empty(),
             "a held container's plugins were killed"
         );
-        assert!(busy.exists() && busy_tmp.exists());
+        assert!(!cleared(&busy) && busy_tmp.exists());
         // Lock files of containers without a record go, unless held.
         assert!(!dir.path().join("locks/orphan.lock").exists());
         assert!(!dir.path().join("locks/free.lock").exists());

@@ -12,9 +12,9 @@
 //!   each read-modify-write of the container's record and the plugin runs
 //!   of that operation; unlinked (while held) once the record is gone.
 //!   `locks/.gc.lock` is held shared by every operation and exclusively by
-//!   the plugins' GC.
-//! - `running/<id>.<pgid>`: one marker per running plugin process group, so
-//!   that a daemon started after a crash can kill what the crashed one left.
+//!   the plugins' GC. While a plugin of the container runs, the lock file
+//!   holds its process group ([`Markers`]), so that a daemon started after
+//!   a crash can kill what the crashed one left.
 //!
 //! Writes are atomic: a temporary file in the same directory, renamed over
 //! the target. A [`Durability::Synced`] write also fsyncs the file before the
@@ -23,12 +23,14 @@
 //! [`Store::load`], [`Store::list`]) never write anything. All functions
 //! block: call them on the blocking pool.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -572,8 +574,9 @@ pub struct Locks {
 /// A held lock, released when dropped (its descriptor closes).
 #[derive(Debug)]
 pub struct Held {
-    /// Kept open for the lock: closing it releases the lock.
-    _file: File,
+    /// Kept open for the lock: closing it releases the lock. Shared with
+    /// [`Markers`], which keeps the running plugin's group in it.
+    file: Arc<File>,
     path: PathBuf,
 }
 
@@ -681,7 +684,7 @@ fn acquire(path: &Path, op: i32, wait: bool) -> Result<Held, Error> {
         match fs::symlink_metadata(path) {
             Ok(m) if m.dev() == mine.dev() && m.ino() == mine.ino() => {
                 return Ok(Held {
-                    _file: file,
+                    file: Arc::new(file),
                     path: path.to_path_buf(),
                 })
             }
@@ -709,19 +712,23 @@ fn flock(file: &File, op: i32) -> io::Result<bool> {
     }
 }
 
-/// The markers of running plugin process groups, `<stateDir>/running`.
-/// The runner writes one before a plugin reads its stdin and removes it
-/// once the plugin is reaped, so a marker that outlives its daemon names
-/// plugins nobody waits for.
+/// The markers of running plugin process groups. A container's marker is
+/// the content of its lock file (`locks/<id>.lock`): the runner writes
+/// `<pgid> <start time> <boot id>` there before a plugin reads its stdin,
+/// and empties it once the plugin is reaped. Only the holder of the lock
+/// runs that container's plugins, one at a time, so one marker per
+/// container is enough, and it costs no file of its own (no directory
+/// entry to create and remove per plugin run). A marker found by the next
+/// holder names plugins nobody waits for: their daemon died.
 #[derive(Debug)]
 pub struct Markers {
-    dir: PathBuf,
     /// This boot's id: a marker from an earlier boot names nothing alive.
     boot_id: String,
-    seq: AtomicU64,
+    /// The lock files of the containers this daemon holds.
+    held: Mutex<HashMap<String, Arc<File>>>,
 }
 
-/// One marker found on disk.
+/// One marker found in a lock file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Marker {
     pub container_id: String,
@@ -736,86 +743,54 @@ pub enum MarkerState {
     /// Written before the last reboot: nothing of it can be alive.
     EarlierBoot,
     /// Unreadable: the group cannot be identified safely (killing by pgid
-    /// alone could hit a stranger), so the marker is only removed.
+    /// alone could hit a stranger), so the marker is only removed. A torn
+    /// write is one of these, and harmless: it was cut before the plugin
+    /// was given its stdin.
     Unreadable,
 }
 
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+/// Longest marker read back; a real one is under 64 bytes.
+const MARKER_MAX: usize = 256;
 
 impl Markers {
-    /// Opens `<state_dir>/running`, creating it (0700).
-    pub fn open(state_dir: &Path) -> Result<Self, Error> {
-        let dir = state_dir.join("running");
-        create_private_dir(&dir)?;
+    pub fn new() -> Self {
         let boot_id = fs::read_to_string(BOOT_ID)
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
-        Ok(Self {
-            dir,
+        Self {
             boot_id,
-            seq: AtomicU64::new(0),
-        })
-    }
-
-    fn path(&self, container_id: &str, pgid: i32) -> PathBuf {
-        self.dir.join(format!("{container_id}.{pgid}"))
-    }
-
-    /// The markers of `container_id`.
-    pub fn of(&self, container_id: &str) -> Result<Vec<Marker>, Error> {
-        self.scan(Some(container_id))
-    }
-
-    /// Every marker.
-    pub fn all(&self) -> Result<Vec<Marker>, Error> {
-        self.scan(None)
-    }
-
-    fn scan(&self, only: Option<&str>) -> Result<Vec<Marker>, Error> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_error(&self.dir, "cannot list the plugin markers")(e)),
-        };
-        let mut out = Vec::new();
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let Some((id, pgid)) = name.to_str().and_then(|n| n.rsplit_once('.')) else {
-                continue;
-            };
-            if !is_valid_name(id) || only.is_some_and(|o| o != id) {
-                continue;
-            }
-            let Ok(pgid) = pgid.parse::<i32>() else {
-                continue;
-            };
-            if pgid <= 0 {
-                continue;
-            }
-            out.push(Marker {
-                container_id: id.to_string(),
-                path: e.path(),
-                state: self.read(&e.path(), pgid),
-            });
+            held: Mutex::new(HashMap::new()),
         }
-        out.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(out)
     }
 
-    fn read(&self, path: &Path, pgid: i32) -> MarkerState {
-        let mut text = String::new();
-        let read = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(path)
-            .and_then(|f| f.take(256).read_to_string(&mut text));
-        if read.is_err() {
-            return MarkerState::Unreadable;
+    /// The marker left in `held`, the lock of `container_id`, if any.
+    /// Blocking.
+    pub fn of(&self, container_id: &str, held: &Held) -> Result<Option<Marker>, Error> {
+        let mut buf = [0u8; MARKER_MAX];
+        let n = read_at_start(&held.file, &mut buf)
+            .map_err(io_error(&held.path, "cannot read the lock file"))?;
+        if n == 0 {
+            return Ok(None);
         }
+        Ok(Some(Marker {
+            container_id: container_id.to_string(),
+            path: held.path.clone(),
+            state: self.parse(&buf[..n]),
+        }))
+    }
+
+    fn parse(&self, bytes: &[u8]) -> MarkerState {
+        let text = String::from_utf8_lossy(bytes);
         let mut words = text.split_whitespace();
-        let Some(start_time) = words.next().and_then(|w| w.parse::<u64>().ok()) else {
+        let pgid = words.next().and_then(|w| w.parse::<i32>().ok());
+        let start_time = words.next().and_then(|w| w.parse::<u64>().ok());
+        let (Some(pgid), Some(start_time)) = (pgid, start_time) else {
             return MarkerState::Unreadable;
         };
+        if pgid <= 1 {
+            return MarkerState::Unreadable;
+        }
         match words.next() {
             Some(boot) if !self.boot_id.is_empty() && boot != self.boot_id => {
                 MarkerState::EarlierBoot
@@ -824,52 +799,77 @@ impl Markers {
         }
     }
 
-    /// Removes a marker (no error when it is already gone).
-    pub fn remove(&self, marker: &Marker) -> Result<(), Error> {
-        match fs::remove_file(&marker.path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_error(&marker.path, "cannot remove the plugin marker")(e)),
-        }
+    /// Empties the marker in `held`. Blocking.
+    pub fn clear(&self, held: &Held) -> Result<(), Error> {
+        held.file
+            .set_len(0)
+            .map_err(io_error(&held.path, "cannot empty the lock file"))
     }
 
-    /// Temporary files of marker writes, as (container id, path).
-    pub fn temp_files(&self) -> Vec<(String, PathBuf)> {
-        temp_files_in(&self.dir)
+    /// From now until [`Markers::release`], plugins run for
+    /// `container_id` are noted in `held`.
+    pub fn hold(&self, container_id: &str, held: &Held) {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(container_id.to_string(), held.file.clone());
+    }
+
+    pub fn release(&self, container_id: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(container_id);
+    }
+
+    fn file(&self, container_id: &str) -> Option<Arc<File>> {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(container_id)
+            .cloned()
+    }
+}
+
+impl Default for Markers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// pread(2) from offset 0, retried on EINTR.
+fn read_at_start(file: &File, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    loop {
+        match file.read_at(buf, 0) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
     }
 }
 
 impl Journal for Markers {
     fn started(&self, container_id: &str, group: Group) -> io::Result<()> {
-        let tmp = self.dir.join(format!(
-            ".{container_id}.{}.{}.tmp",
-            std::process::id(),
-            self.seq.fetch_add(1, Ordering::Relaxed)
-        ));
-        let body = format!("{} {}\n", group.start_time, self.boot_id);
+        use std::os::unix::fs::FileExt;
+        // Every plugin with a container id runs under that container's
+        // lock; one without would run unrecorded, so it does not run.
+        let file = self.file(container_id).ok_or_else(|| {
+            io::Error::other(format!(
+                "no lock is held for container {container_id:?}: cannot note the plugin's process group"
+            ))
+        })?;
+        let body = format!("{} {} {}\n", group.pgid, group.start_time, self.boot_id);
         // Not synced: a power loss kills the plugins too, and a marker that
-        // survives one is told apart by its boot id.
-        write_atomically(
-            &tmp,
-            &self.path(container_id, group.pgid),
-            body.as_bytes(),
-            false,
-        )
-        .map_err(|e| {
-            // The path and the step stay in the message; the kind is kept.
-            let kind = match &e {
-                Error::Io { source, .. } => source.kind(),
-                Error::Damaged { .. } => io::ErrorKind::Other,
-            };
-            io::Error::new(kind, e.to_string())
-        })
+        // survives one is told apart by its boot id. The file is empty
+        // here (emptied after the previous plugin), so this is the whole
+        // content.
+        file.write_all_at(body.as_bytes(), 0)
     }
 
     fn finished(&self, container_id: &str, group: Group) {
-        let path = self.path(container_id, group.pgid);
-        if let Err(e) = fs::remove_file(&path) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(container_id, path = %path.display(), cause = %e, "cannot remove a plugin marker");
+        if let Some(file) = self.file(container_id) {
+            if let Err(e) = file.set_len(0) {
+                tracing::warn!(container_id, pgid = group.pgid, cause = %e, "cannot empty the plugin marker in the lock file");
             }
         }
     }
@@ -880,7 +880,7 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::os::unix::fs::symlink;
-    use std::sync::{mpsc, Arc};
+    use std::sync::mpsc;
     use std::time::Duration;
 
     fn record(id: &str) -> Record {
@@ -1037,30 +1037,47 @@ mod tests {
     #[test]
     fn markers_should_name_their_group_until_finished() {
         let dir = tempfile::tempdir().unwrap();
-        let m = Markers::open(dir.path()).unwrap();
+        let locks = Locks::open(dir.path()).unwrap();
+        let m = Markers::new();
         let g = Group {
             pgid: 4242,
             start_time: 777,
         };
+        // No lock held for the container: the plugin must not run.
+        assert!(m.started("a", g).is_err());
+        let a = locks.lock("a").unwrap();
+        let b = locks.lock("a.1").unwrap();
+        m.hold("a", &a);
+        m.hold("a.1", &b);
         m.started("a", g).unwrap();
         m.started("a.1", Group { pgid: 7, ..g }).unwrap();
-        let of_a = m.of("a").unwrap();
-        assert_eq!(of_a.len(), 1, "{of_a:?}");
-        assert_eq!(of_a[0].state, MarkerState::Running(g));
-        assert_eq!(of_a[0].container_id, "a");
-        assert_eq!(m.of("a.1").unwrap().len(), 1);
-        assert_eq!(m.all().unwrap().len(), 2);
+        let of_a = m.of("a", &a).unwrap().unwrap();
+        assert_eq!(of_a.state, MarkerState::Running(g));
+        assert_eq!(of_a.container_id, "a");
+        assert_eq!(
+            m.of("a.1", &b).unwrap().unwrap().state,
+            MarkerState::Running(Group { pgid: 7, ..g })
+        );
         m.finished("a", g);
-        assert!(m.of("a").unwrap().is_empty());
+        assert!(m.of("a", &a).unwrap().is_none());
+        assert_eq!(fs::metadata(a.path()).unwrap().len(), 0);
 
-        fs::write(dir.path().join("running/b.9"), "12 another-boot\n").unwrap();
-        fs::write(dir.path().join("running/c.9"), "garbage").unwrap();
-        assert_eq!(m.of("b").unwrap()[0].state, MarkerState::EarlierBoot);
-        assert_eq!(m.of("c").unwrap()[0].state, MarkerState::Unreadable);
-        for marker in m.all().unwrap() {
-            m.remove(&marker).unwrap();
-        }
-        assert!(m.all().unwrap().is_empty());
-        assert!(m.temp_files().is_empty());
+        // What a later holder finds, written by hand.
+        m.release("a");
+        drop(a);
+        fs::write(dir.path().join("locks/a.lock"), "12 34 another-boot\n").unwrap();
+        fs::write(dir.path().join("locks/c.lock"), "garbage").unwrap();
+        let a = locks.lock("a").unwrap();
+        let c = locks.lock("c").unwrap();
+        assert_eq!(
+            m.of("a", &a).unwrap().unwrap().state,
+            MarkerState::EarlierBoot
+        );
+        assert_eq!(
+            m.of("c", &c).unwrap().unwrap().state,
+            MarkerState::Unreadable
+        );
+        m.clear(&c).unwrap();
+        assert!(m.of("c", &c).unwrap().is_none());
     }
 }

@@ -57,7 +57,8 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         if !nanos.is_finite() || nanos > 1e18 {
             return Err(format!("{text:?} is too long"));
         }
-        total += Duration::from_nanos(nanos as u64);
+        // Round, not truncate: "524288.298s" is 524288.297999… s in binary.
+        total += Duration::from_nanos(nanos.round() as u64);
     }
     Ok(total)
 }

@@ -442,7 +442,11 @@ mod tests {
     async fn unlimited_should_never_wait() {
         let m = Arc::new(Metrics::new());
         let a = Admission::new(&config(0, 0), m);
-        let _p: Vec<_> = futures_lite(&a, 100).await;
+        // Bounded, so a limit that wrongly waits fails instead of hanging.
+        let p = tokio::time::timeout(Duration::from_secs(5), futures_lite(&a, 100))
+            .await
+            .expect("an unlimited admission waited");
+        assert_eq!(p.len(), 100);
     }
 
     #[test]

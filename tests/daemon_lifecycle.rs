@@ -471,7 +471,28 @@ fn watchdog_should_be_pinged_when_enabled() {
     let dir = TestDir::new("watchdog");
     let mut d = Daemon::start_env(&dir, "d", json!({}), &[("WATCHDOG_USEC", "200000")]);
     d.ready();
-    d.wait_notify("WATCHDOG=1", T);
+    // Pings must keep coming: with WATCHDOG_USEC 200 ms systemd expects one
+    // at least every 200 ms, so a daemon that pings once (or stops) fails.
+    let start = Instant::now();
+    wait_until(Duration::from_secs(5), "3 WATCHDOG=1 pings", || {
+        d.notifications()
+            .iter()
+            .filter(|m| m.contains("WATCHDOG=1"))
+            .count()
+            >= 3
+    });
+    let pings = d
+        .notifications()
+        .iter()
+        .filter(|m| m.contains("WATCHDOG=1"))
+        .count();
+    assert!(pings >= 3, "{pings} pings");
+    // Three pings should take about 2-3 half-periods, far under the bound.
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 #[test]

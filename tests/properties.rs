@@ -175,3 +175,97 @@ proptest! {
         }
     }
 }
+
+/// Serves one connection at a fresh socket: reads the shim's request
+/// (head plus Content-Length body), writes `answer`, closes.
+fn shim_against(answer: Vec<u8>) -> plexus::shim::Outcome {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixListener;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("p.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "the shim closed before its request head");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0);
+        while buf.len() < head_end + len {
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0);
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        // The shim may give up early on a bad head; a broken pipe is fine.
+        let _ = s.write_all(&answer);
+    });
+    let env = |k: &str| -> Option<String> {
+        Some(
+            match k {
+                "CNI_COMMAND" => "ADD",
+                "CNI_CONTAINERID" => "ctr-prop",
+                "CNI_NETNS" => "/run/netns/prop",
+                "CNI_IFNAME" => "eth0",
+                "CNI_PATH" => "/usr/lib/cni",
+                _ => return None,
+            }
+            .to_string(),
+        )
+    };
+    let conf = serde_json::to_vec(&serde_json::json!({
+        "cniVersion": "1.0.0", "name": "prop", "type": "plexus-shim", "socketPath": sock,
+    }))
+    .unwrap();
+    let mut log = Vec::new();
+    let out = plexus::shim::run(env, &conf[..], &mut log);
+    server.join().unwrap();
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Whatever bytes the daemon answers, the shim fails cleanly with a
+    /// CNI error on stdout (or succeeds), and never panics.
+    #[test]
+    fn shim_survives_any_answer(
+        answer in prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..200),
+            (prop::collection::vec(any::<u8>(), 0..100))
+                .prop_map(|b| [b"HTTP/1.1 200 OK\r\n".to_vec(), b].concat()),
+        ]
+    ) {
+        let out = shim_against(answer);
+        if out.exit_code != 0 {
+            let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            prop_assert!(err["code"].as_u64().is_some(), "{}", err);
+            prop_assert!(err["msg"].as_str().is_some_and(|m| !m.is_empty()), "{}", err);
+        }
+    }
+
+    /// A well-formed 200 answer carrying a result is printed back with the
+    /// same addresses.
+    #[test]
+    fn shim_prints_the_result_it_is_given(result in result_json()) {
+        let result = plexus::result::convert(&result, "1.0.0").unwrap();
+        let body = serde_json::to_vec(&serde_json::json!({"Result": result})).unwrap();
+        let mut answer = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+        answer.extend_from_slice(&body);
+        let out = shim_against(answer);
+        prop_assert_eq!(out.exit_code, 0, "{}", String::from_utf8_lossy(&out.stdout));
+        let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        prop_assert_eq!(&printed["ips"], &result["ips"]);
+        prop_assert_eq!(&printed["interfaces"], &result["interfaces"]);
+    }
+}

@@ -1,10 +1,22 @@
 //! sd_notify: tells the service manager about readiness, status, stopping
 //! and liveness. A no-op when no notify socket was given, so the same binary
 //! runs outside systemd.
+//!
+//! The protocol's vocabulary (`READY=1`, `STATUS=...`, ...) comes from the
+//! `sd-notify` crate ([`NotifyState`]). Its `notify` function is not used:
+//! it reads `NOTIFY_SOCKET` on every call, sends on a blocking socket and
+//! knows only path names. This wrapper adds what the daemon needs on top:
+//! the socket is resolved once (a path, or `@name` in the abstract
+//! namespace, which the crate does not handle) and can be given explicitly,
+//! so tests need not touch the process environment; sends never block (a
+//! full queue drops a status update instead of stalling the caller); and
+//! STATUS text is folded onto one line, as the protocol is line based.
 
 use std::io;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::Duration;
+
+pub use sd_notify::NotifyState;
 
 pub const ENV_NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
 pub const ENV_WATCHDOG_USEC: &str = "WATCHDOG_USEC";
@@ -23,7 +35,7 @@ impl Notifier {
     }
 
     /// A notifier for the socket `NOTIFY_SOCKET` names: a path, or `@name`
-    /// for the abstract namespace.
+    /// for the abstract namespace. `None` or empty: disabled.
     pub fn new(socket: Option<&str>) -> io::Result<Self> {
         let Some(socket) = socket.filter(|s| !s.is_empty()) else {
             return Ok(Self::disabled());
@@ -42,38 +54,58 @@ impl Notifier {
         })
     }
 
+    /// From `NOTIFY_SOCKET` as `lookup` reports it (the environment, or a
+    /// test's stand-in for it).
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> io::Result<Self> {
+        Self::new(lookup(ENV_NOTIFY_SOCKET).as_deref())
+    }
+
     /// From `NOTIFY_SOCKET` in this process's environment.
     pub fn from_env() -> io::Result<Self> {
-        Self::new(std::env::var(ENV_NOTIFY_SOCKET).ok().as_deref())
+        Self::from_vars(|k| std::env::var(k).ok())
     }
 
     pub fn enabled(&self) -> bool {
         self.target.is_some()
     }
 
-    /// Sends newline-separated `KEY=VALUE` assignments as one datagram.
-    pub fn send(&self, assignments: &[&str]) -> io::Result<()> {
+    /// Sends the states as one datagram, one `KEY=VALUE` a line.
+    pub fn send(&self, states: &[NotifyState]) -> io::Result<()> {
         let Some((addr, sock)) = &self.target else {
             return Ok(());
         };
-        let msg = assignments.join("\n");
-        sock.send_to_addr(msg.as_bytes(), addr).map(|_| ())
+        let msg = states
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let sent = sock.send_to_addr(msg.as_bytes(), addr)?;
+        if sent != msg.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "notify socket took part of a datagram",
+            ));
+        }
+        Ok(())
     }
 
     pub fn ready(&self, status: &str) -> io::Result<()> {
-        self.send(&["READY=1", &format!("STATUS={}", one_line(status))])
+        let status = one_line(status);
+        self.send(&[NotifyState::Ready, NotifyState::Status(&status)])
     }
 
     pub fn status(&self, status: &str) -> io::Result<()> {
-        self.send(&[&format!("STATUS={}", one_line(status))])
+        let status = one_line(status);
+        self.send(&[NotifyState::Status(&status)])
     }
 
     pub fn stopping(&self, status: &str) -> io::Result<()> {
-        self.send(&["STOPPING=1", &format!("STATUS={}", one_line(status))])
+        let status = one_line(status);
+        self.send(&[NotifyState::Stopping, NotifyState::Status(&status)])
     }
 
     pub fn watchdog(&self) -> io::Result<()> {
-        self.send(&["WATCHDOG=1"])
+        self.send(&[NotifyState::Watchdog])
     }
 }
 
@@ -97,11 +129,47 @@ pub fn watchdog_interval(usec: Option<&str>, pid: Option<&str>, own_pid: u32) ->
 mod tests {
     use super::*;
 
+    fn call_everything(n: &Notifier) {
+        n.ready("x").unwrap();
+        n.status("y").unwrap();
+        n.stopping("z").unwrap();
+        n.watchdog().unwrap();
+        n.send(&[NotifyState::Ready]).unwrap();
+    }
+
     #[test]
     fn disabled_notifier_should_send_nothing() {
-        let n = Notifier::new(None).unwrap();
-        assert!(!n.enabled());
-        n.ready("x").unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("notify");
+        let rx = UnixDatagram::bind(&path).unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let p = path.to_str().unwrap().to_string();
+        // Every other variable names the live socket: only NOTIFY_SOCKET may
+        // enable the notifier.
+        let without = |k: &str| (k != ENV_NOTIFY_SOCKET).then(|| p.clone());
+        let disabled = [
+            Notifier::disabled(),
+            Notifier::new(None).unwrap(),
+            Notifier::new(Some("")).unwrap(),
+            Notifier::from_vars(without).unwrap(),
+            Notifier::from_vars(|k| (k == ENV_NOTIFY_SOCKET).then(String::new)).unwrap(),
+        ];
+        for n in &disabled {
+            assert!(!n.enabled());
+            call_everything(n);
+        }
+        let mut buf = [0u8; 256];
+        let got = rx.recv(&mut buf);
+        assert!(
+            matches!(&got, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "a disabled notifier sent {got:?}"
+        );
+        // The socket does receive: an enabled notifier's datagrams arrive.
+        let on = Notifier::from_vars(|k| (k == ENV_NOTIFY_SOCKET).then(|| p.clone())).unwrap();
+        assert!(on.enabled());
+        on.watchdog().unwrap();
+        let len = rx.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..len], b"WATCHDOG=1");
     }
 
     #[test]
@@ -114,6 +182,9 @@ mod tests {
         let mut buf = [0u8; 256];
         let len = rx.recv(&mut buf).unwrap();
         assert_eq!(&buf[..len], b"READY=1\nSTATUS=serving now");
+        n.stopping("bye").unwrap();
+        let len = rx.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..len], b"STOPPING=1\nSTATUS=bye");
     }
 
     #[test]

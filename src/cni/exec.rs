@@ -398,10 +398,6 @@ impl Runner {
         self
     }
 
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// Finds `name` in the search path: the first regular file. Blocking
     /// (stat calls): run it on the blocking pool.
     pub fn find(&self, name: &str) -> Result<Plugin, ExecError> {

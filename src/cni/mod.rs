@@ -326,10 +326,6 @@ impl Engine {
         }
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
     /// Refuses a `CNI_NETNS` that is the host's network namespace, or, but
     /// for DEL, not a network namespace at all (see [`netns::check`]). An
     /// empty one (DEL only) names no namespace and passes.

@@ -354,13 +354,12 @@ impl Engine {
     /// One trip to the blocking pool does it all, each hand-off costing
     /// CPU on every call: the check of `netns` (for `command`, before any
     /// lock is taken, so a refused call leaves no lock file), the lock
-    /// files, the marker scan and, with `load`, the record.
+    /// files, the marker scan and the record.
     async fn lock_op(
         &self,
         id: &str,
         netns: Option<(Command, &str)>,
-        load: bool,
-    ) -> Result<(OpLock<'_>, Option<Loaded>), Error> {
+    ) -> Result<(OpLock<'_>, Loaded), Error> {
         let gc = self.gc_lock.read().await;
         let container = self.lock_container(id).await;
         let locks = self.locks.clone();
@@ -377,15 +376,11 @@ impl Engine {
             let gc_file = locks.gc_shared().map_err(Error::record)?;
             let file = locks.lock(&cid).map_err(Error::record)?;
             let stale = markers.of(&cid, &file).map_err(Error::record)?;
-            let loaded = if load {
-                Some(load_now(&store, &cid).map_err(Error::record)?)
-            } else {
-                None
-            };
+            let loaded = load_now(&store, &cid).map_err(Error::record)?;
             Ok((gc_file, file, stale, loaded))
         })
         .await??;
-        let loaded = loaded.map(|l| loaded_logged(id, l));
+        let loaded = loaded_logged(id, loaded);
         let file = match stale {
             None => file,
             Some(_) => {
@@ -650,17 +645,6 @@ impl Engine {
             .await
     }
 
-    /// The record of `id`, under its lock. A damaged record is moved
-    /// aside (bytes kept) and logged, and the container has none.
-    async fn load_locked(&self, id: &str) -> Result<Loaded, Error> {
-        let store = self.store.clone();
-        let cid = id.to_string();
-        let raw = blocking(move || load_now(&store, &cid))
-            .await?
-            .map_err(Error::record)?;
-        Ok(loaded_logged(id, raw))
-    }
-
     async fn save_record(&self, record: &Record, durability: Durability) -> Result<(), Error> {
         let store = self.store.clone();
         let record = record.clone();
@@ -680,7 +664,7 @@ impl Engine {
         // Before anything runs, so the rollback of a failed ADD, too, only
         // ever runs in a namespace that passed.
         let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Add, &inv.netns)), true)
+            .lock_op(&inv.container_id, Some((Command::Add, &inv.netns)))
             .await?;
         let out = self.add_locked(inv, cap_args, planned, loaded).await;
         self.unlock(&inv.container_id, lock).await;
@@ -692,17 +676,13 @@ impl Engine {
         inv: &Invocation,
         cap_args: Map<String, Value>,
         planned: Vec<Planned>,
-        loaded: Option<Loaded>,
+        loaded: Loaded,
     ) -> Result<Value, Error> {
         // Everything that can be checked before running anything is.
         let mut prepared = Vec::with_capacity(planned.len());
         for p in &planned {
             prepared.push(self.prepare(&p.list, Command::Add).await?);
         }
-        let loaded = match loaded {
-            Some(l) => l,
-            None => self.load_locked(&inv.container_id).await?,
-        };
         let mut record = loaded
             .record
             .unwrap_or_else(|| Record::new(&inv.container_id));
@@ -862,7 +842,7 @@ impl Engine {
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
     {
         let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Del, &inv.netns)), true)
+            .lock_op(&inv.container_id, Some((Command::Del, &inv.netns)))
             .await?;
         let out = self.del_or_fall_back(inv, cap_args, fallback, loaded).await;
         self.unlock(&inv.container_id, lock).await;
@@ -874,16 +854,12 @@ impl Engine {
         inv: &Invocation,
         cap_args: Map<String, Value>,
         fallback: F,
-        loaded: Option<Loaded>,
+        loaded: Loaded,
     ) -> Result<(), Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
     {
-        let loaded = match loaded {
-            Some(l) => l,
-            None => self.load_locked(&inv.container_id).await?,
-        };
         let mut record = loaded
             .record
             .unwrap_or_else(|| Record::new(&inv.container_id));
@@ -977,18 +953,15 @@ impl Engine {
     /// recorded result, in order; the first failure is returned.
     pub async fn check(&self, inv: &Invocation) -> Result<(), Error> {
         let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Check, &inv.netns)), true)
+            .lock_op(&inv.container_id, Some((Command::Check, &inv.netns)))
             .await?;
         let out = self.check_locked(inv, loaded).await;
         self.unlock(&inv.container_id, lock).await;
         out
     }
 
-    async fn check_locked(&self, inv: &Invocation, loaded: Option<Loaded>) -> Result<(), Error> {
-        let record = match loaded {
-            Some(l) => l.record,
-            None => self.load_locked(&inv.container_id).await?.record,
-        };
+    async fn check_locked(&self, inv: &Invocation, loaded: Loaded) -> Result<(), Error> {
+        let record = loaded.record;
         let Some(att) = record.as_ref().and_then(|r| r.attachment(&inv.ifname)) else {
             return Err(Error::new(
                 ErrorKind::Failed,
@@ -1107,14 +1080,14 @@ impl Engine {
                 // a second look under the lock decides.
                 _ => {}
             }
-            let lock = match self.lock_op(&id, None, false).await {
-                Ok((l, _)) => l,
+            let (lock, loaded) = match self.lock_op(&id, None).await {
+                Ok(l) => l,
                 Err(e) => {
                     errors.push(e);
                     continue;
                 }
             };
-            errors.extend(self.gc_container(&id, valid, &mut failed).await);
+            errors.extend(self.gc_container(&id, loaded, valid, &mut failed).await);
             self.unlock(&id, lock).await;
         }
         errors.extend(self.gc_plugins(lists, &failed).await);
@@ -1125,20 +1098,18 @@ impl Engine {
         }
     }
 
-    /// DELs the stale attachments of container `id` (locked by the caller);
-    /// a damaged record is moved aside and skipped.
+    /// DELs the stale attachments of container `id`, locked by the caller,
+    /// which loaded `loaded` under that lock (a damaged record was moved
+    /// aside then, and is skipped).
     async fn gc_container(
         &self,
         id: &str,
+        loaded: Loaded,
         valid: &BTreeSet<(String, String)>,
         failed: &mut BTreeSet<(String, String)>,
     ) -> Vec<Error> {
-        let mut record = match self.load_locked(id).await {
-            Ok(Loaded {
-                record: Some(r), ..
-            }) => r,
-            Ok(_) => return Vec::new(),
-            Err(e) => return vec![e],
+        let Some(mut record) = loaded.record else {
+            return Vec::new();
         };
         let stale: Vec<Attachment> = record
             .attachments

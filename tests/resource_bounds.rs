@@ -93,14 +93,7 @@ fn raw_add(sock: &Path, id: &str, ns: &Netns, pad: usize) -> Vec<u8> {
         config: serde_json::to_vec(&conf).unwrap(),
         interface_attributes: None,
     };
-    let body = serde_json::to_vec(&request).unwrap();
-    let mut raw = format!(
-        "POST /cni HTTP/1.1\r\nHost: plexus\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    raw.extend_from_slice(&body);
-    raw
+    http::cni_request(&request)
 }
 
 /// The shim's stdin for the daemon at `sock`, with an overall `timeout`.

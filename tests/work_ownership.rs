@@ -116,13 +116,7 @@ fn abandoned_add(e: &Engine, d: &Daemon, id: &str, ns: &Netns) {
         config: call.stdin(d),
         interface_attributes: None,
     };
-    let body = serde_json::to_vec(&request).unwrap();
-    let mut raw = format!(
-        "POST /cni HTTP/1.1\r\nHost: plexus\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    raw.extend_from_slice(&body);
+    let raw = support::http::cni_request(&request);
     let mut stream = UnixStream::connect(&d.sock).unwrap();
     stream.write_all(&raw).unwrap();
     wait_until(T, &format!("the plugin of {id} to start"), || {

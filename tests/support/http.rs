@@ -6,6 +6,18 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
+/// The raw bytes of `POST /cni` carrying `request`, as a shim sends it.
+pub fn cni_request(request: &plexus::api::Request) -> Vec<u8> {
+    let body = serde_json::to_vec(request).expect("a request serialises");
+    let mut raw = format!(
+        "POST /cni HTTP/1.1\r\nHost: plexus\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&body);
+    raw
+}
+
 /// One parsed response.
 #[derive(Debug, Clone)]
 pub struct Response {

@@ -35,6 +35,8 @@ use crate::{api, trust};
 pub const ENV_LISTEN_FDS: &str = "LISTEN_FDS";
 pub const ENV_LISTEN_PID: &str = "LISTEN_PID";
 pub const ENV_LISTEN_FDNAMES: &str = "LISTEN_FDNAMES";
+/// Not systemd's: honoured by the `listenfd` crate, removed before it reads.
+pub const ENV_LISTEN_FDS_FIRST_FD: &str = "LISTEN_FDS_FIRST_FD";
 /// The first fd systemd passes.
 const LISTEN_FDS_START: i32 = 3;
 
@@ -64,6 +66,8 @@ pub enum Error {
     NotOurs { listen_pid: u32, own_pid: u32 },
     #[error("LISTEN_FDS=0: socket activation passed no socket")]
     NoFds,
+    #[error("LISTEN_FDS={listen_fds:?} was set but no socket could be taken from it")]
+    Refused { listen_fds: String },
     #[error("fd {fd} passed by systemd is not a unix stream socket")]
     BadFd {
         fd: i32,
@@ -101,64 +105,66 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// How many sockets systemd passed to this process (0: not activated).
+/// Why `listenfd` took no socket although `LISTEN_FDS` is set: the crate
+/// silently treats a malformed `LISTEN_FDS`, a malformed `LISTEN_PID` or
+/// one naming another process as "not activated", and falling back to
+/// binding the path then could race the process the sockets were meant
+/// for. `None` when `LISTEN_FDS` is unset or empty (not activated).
 ///
-/// Pure: the caller supplies the variables and its own pid. A missing
-/// `LISTEN_PID` is accepted (some launchers cannot know the pid before
-/// exec); one naming another process is an error rather than a silent
-/// fallback to binding, which could race the process the sockets are for.
-pub fn passed_fds(
-    listen_fds: Option<&str>,
-    listen_pid: Option<&str>,
-    own_pid: u32,
-) -> Result<usize> {
-    let Some(fds) = listen_fds.filter(|s| !s.is_empty()) else {
-        return Ok(0);
+/// Pure: the caller supplies the variables as they were before `listenfd`
+/// cleared them, and its own pid. Parses as the crate does (no trimming).
+pub fn refused(listen_fds: Option<&str>, listen_pid: Option<&str>, own_pid: u32) -> Option<Error> {
+    let fds = listen_fds.filter(|s| !s.is_empty())?;
+    let Ok(n) = fds.parse::<usize>() else {
+        return Some(Error::BadListenFds(fds.to_string()));
     };
-    let n: usize = fds
-        .trim()
-        .parse()
-        .map_err(|_| Error::BadListenFds(fds.to_string()))?;
     if let Some(pid) = listen_pid.filter(|s| !s.is_empty()) {
-        let listen_pid: u32 = pid
-            .trim()
-            .parse()
-            .map_err(|_| Error::BadListenPid(pid.to_string()))?;
+        let Ok(listen_pid) = pid.parse::<u32>() else {
+            return Some(Error::BadListenPid(pid.to_string()));
+        };
         if listen_pid != own_pid {
-            return Err(Error::NotOurs {
+            return Some(Error::NotOurs {
                 listen_pid,
                 own_pid,
             });
         }
     }
     if n == 0 {
-        return Err(Error::NoFds);
+        return Some(Error::NoFds);
     }
-    Ok(n)
-}
-
-/// How many sockets systemd passed this process, from its environment.
-pub fn passed_fds_from_env() -> Result<usize> {
-    let fds = std::env::var(ENV_LISTEN_FDS).ok();
-    let pid = std::env::var(ENV_LISTEN_PID).ok();
-    passed_fds(fds.as_deref(), pid.as_deref(), std::process::id())
+    Some(Error::Refused {
+        listen_fds: fds.to_string(),
+    })
 }
 
 /// The sockets systemd passed, or `None` when the daemon was not socket
 /// activated (it then binds its path itself, with [`stage`]).
 ///
+/// `LISTEN_FDS`/`LISTEN_PID` are read by the `listenfd` crate alone; when it
+/// takes nothing although `LISTEN_FDS` is set, [`refused`] says why and
+/// start-up fails. Each socket must be a listening (`SO_ACCEPTCONN`) unix
+/// stream socket. Only systemd's protocol counts: the fds start at 3
+/// (the non-systemd `LISTEN_FDS_FIRST_FD` is removed first).
+///
 /// Must run before any other thread exists: it removes the `LISTEN_*`
 /// variables from the environment so no child inherits them.
 pub fn inherited() -> Result<Option<Vec<UnixListener>>> {
-    let n = passed_fds_from_env()?;
-    if n == 0 {
-        return Ok(None);
-    }
+    let fds = std::env::var(ENV_LISTEN_FDS).ok();
+    let pid = std::env::var(ENV_LISTEN_PID).ok();
+    std::env::remove_var(ENV_LISTEN_FDS_FIRST_FD);
+    // Reads and removes LISTEN_FDS and LISTEN_PID.
     let mut listenfd = listenfd::ListenFd::from_env();
     std::env::remove_var(ENV_LISTEN_FDNAMES);
+    let n = listenfd.len();
+    if n == 0 {
+        return match refused(fds.as_deref(), pid.as_deref(), std::process::id()) {
+            Some(e) => Err(e),
+            None => Ok(None),
+        };
+    }
     let mut sockets = Vec::with_capacity(n);
     for i in 0..n {
-        let fd = LISTEN_FDS_START + i as i32;
+        let fd = LISTEN_FDS_START + i32::try_from(i).unwrap_or(i32::MAX - LISTEN_FDS_START);
         let socket = match listenfd.take_unix_listener(i) {
             Ok(Some(s)) => s,
             Ok(None) => {
@@ -532,22 +538,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn passed_fds_without_variables_should_be_zero() {
-        assert_eq!(passed_fds(None, None, 7).unwrap(), 0);
-        assert_eq!(passed_fds(Some(""), Some("7"), 7).unwrap(), 0);
+    fn unset_listen_fds_should_mean_not_activated() {
+        assert!(refused(None, None, 7).is_none());
+        assert!(refused(Some(""), Some("7"), 7).is_none());
+        assert!(refused(None, Some("8"), 7).is_none());
     }
 
     #[test]
-    fn passed_fds_for_us_should_count() {
-        assert_eq!(passed_fds(Some("2"), Some("7"), 7).unwrap(), 2);
-        assert_eq!(passed_fds(Some("1"), None, 7).unwrap(), 1);
-    }
-
-    #[test]
-    fn passed_fds_for_another_pid_should_fail() {
+    fn listen_pid_of_another_process_should_be_refused() {
         assert!(matches!(
-            passed_fds(Some("1"), Some("8"), 7),
-            Err(Error::NotOurs {
+            refused(Some("1"), Some("8"), 7),
+            Some(Error::NotOurs {
                 listen_pid: 8,
                 own_pid: 7
             })
@@ -555,18 +556,32 @@ mod tests {
     }
 
     #[test]
-    fn passed_fds_garbage_should_fail() {
+    fn malformed_variables_should_be_named() {
+        for fds in ["x", " 1", "-1", "1.0"] {
+            assert!(
+                matches!(refused(Some(fds), None, 7), Some(Error::BadListenFds(ref v)) if v == fds),
+                "{fds:?}"
+            );
+        }
         assert!(matches!(
-            passed_fds(Some("x"), None, 7),
-            Err(Error::BadListenFds(_))
+            refused(Some("1"), Some("y"), 7),
+            Some(Error::BadListenPid(_))
         ));
         assert!(matches!(
-            passed_fds(Some("1"), Some("y"), 7),
-            Err(Error::BadListenPid(_))
+            refused(Some("0"), Some("7"), 7),
+            Some(Error::NoFds)
+        ));
+    }
+
+    #[test]
+    fn well_formed_variables_listenfd_did_not_take_should_still_fail() {
+        assert!(matches!(
+            refused(Some("2"), Some("7"), 7),
+            Some(Error::Refused { .. })
         ));
         assert!(matches!(
-            passed_fds(Some("0"), Some("7"), 7),
-            Err(Error::NoFds)
+            refused(Some("1"), None, 7),
+            Some(Error::Refused { .. })
         ));
     }
 

@@ -269,6 +269,65 @@ fn activation_with_foreign_listen_pid_should_fail_clearly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("LISTEN_PID=1"));
 }
 
+/// A malformed LISTEN_FDS is neither ignored nor taken as "bind the path
+/// ourselves": the daemon exits 78 naming it, and creates no socket.
+#[test]
+fn activation_with_malformed_listen_fds_should_fail_without_binding() {
+    let dir = TestDir::new("badfds");
+    let sockets = dir.join("run");
+    std::fs::write(
+        dir.join("c.json"),
+        json!({ "socketDir": sockets, "stateDir": dir.join("state") }).to_string(),
+    )
+    .unwrap();
+    for (fds, pid) in [("x", None), ("-1", None), ("1", Some("y")), ("0", None)] {
+        let mut c = Command::new(PLEXUSD);
+        c.arg("--config")
+            .arg(dir.join("c.json"))
+            .env("LISTEN_FDS", fds)
+            .env_remove("LISTEN_FDS_FIRST_FD");
+        match pid {
+            Some(p) => c.env("LISTEN_PID", p),
+            None => c.env_remove("LISTEN_PID"),
+        };
+        // A daemon that wrongly binds would serve forever: bounded wait.
+        let mut child = c
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let exited = {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(s) = child.try_wait().unwrap() {
+                    break Some(s);
+                }
+                if Instant::now() > deadline {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        if exited.is_none() {
+            let _ = child.kill();
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(exited.is_some(), "{fds} {pid:?}: plexusd kept running");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{fds} {pid:?}: {stderr}");
+        let named = if fds == "1" {
+            "LISTEN_PID=\"y\"".to_string()
+        } else {
+            format!("LISTEN_FDS={fds}")
+        };
+        assert!(
+            stderr.contains(&named) || stderr.contains(&format!("LISTEN_FDS=\"{fds}\"")),
+            "{fds} {pid:?}: {stderr}"
+        );
+        assert!(!sockets.join("plexus.sock").exists(), "{fds} {pid:?}");
+    }
+}
+
 #[test]
 fn activation_with_a_non_socket_fd_should_fail_clearly() {
     let dir = TestDir::new("badfd");

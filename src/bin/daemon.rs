@@ -78,9 +78,11 @@ fn main() -> ExitCode {
         println!("{}: configuration is valid", config.path.display());
         return ExitCode::SUCCESS;
     }
-    // socketDir is written only when binding the socket ourselves; a bad
-    // LISTEN_FDS is reported by activation::inherited below.
-    let activated = activation::passed_fds_from_env().is_ok_and(|n| n > 0);
+    // Before any thread exists: this clears LISTEN_* from the environment.
+    // A refused activation is reported once logging is up.
+    let inherited = activation::inherited();
+    // socketDir is written only when binding the socket ourselves.
+    let activated = !matches!(inherited, Ok(None));
     // Before anything is opened or created in them (the log file next).
     if let Err(e) = config.check_paths(config::PathScope {
         socket_dir: !activated,
@@ -95,8 +97,7 @@ fn main() -> ExitCode {
     for key in &config.unknown_keys {
         warn!(file = %config.path.display(), key, "unknown configuration key is ignored");
     }
-    // Before any thread exists: this clears LISTEN_* from the environment.
-    let inherited = match activation::inherited() {
+    let inherited = match inherited {
         Ok(l) => l,
         Err(e) => {
             error!("{:#}", anyhow::Error::from(e));

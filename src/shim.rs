@@ -711,24 +711,19 @@ enum Framing {
     UntilClose,
 }
 
+/// Headers a daemon answer may carry; more is garbage.
+const MAX_HEADERS: usize = 32;
+
 /// Reads one response: the head, then a body framed by Content-Length,
-/// chunked encoding, or the end of the connection.
+/// chunked encoding, or the end of the connection. The head and chunk
+/// sizes are parsed by `httparse`.
 fn read_response(stream: &mut UnixStream, deadline: Instant) -> Result<Response, ReadError> {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     loop {
         // The head.
-        let mut searched = 0;
-        let head_end = loop {
-            if let Some(i) = find(&buf[searched..], b"\r\n\r\n") {
-                break searched + i + 4;
-            }
-            searched = buf.len().saturating_sub(3);
-            let prefix = &b"HTTP/"[..buf.len().min(5)];
-            if !buf.starts_with(prefix) {
-                return Err(ReadError::Garbage(format!(
-                    "it does not start with an HTTP status line: {:?}",
-                    snippet(&buf)
-                )));
+        let (head_end, status, reason, framing) = loop {
+            if let Some(head) = parse_head(&buf)? {
+                break head;
             }
             if buf.len() > MAX_HEAD_BYTES {
                 return Err(ReadError::Garbage(format!(
@@ -743,7 +738,6 @@ fn read_response(stream: &mut UnixStream, deadline: Instant) -> Result<Response,
                 }));
             }
         };
-        let (status, reason, framing) = parse_head(&buf[..head_end])?;
         buf.drain(..head_end);
         // 1xx answers are interim; the real one follows.
         if (100..200).contains(&status) && status != 101 {
@@ -764,18 +758,20 @@ fn read_body(
     framing: Framing,
     deadline: Instant,
 ) -> Result<Vec<u8>, ReadError> {
+    let mut chunks = Dechunker::default();
     loop {
-        match framing {
-            Framing::Length(n) if buf.len() >= n => {
+        let complete = match framing {
+            Framing::Length(n) => buf.len() >= n,
+            // Decodes only what arrived since the last read.
+            Framing::Chunked => chunks.feed(&mut buf).map_err(ReadError::Garbage)?,
+            Framing::UntilClose => false,
+        };
+        if complete {
+            if let Framing::Length(n) = framing {
                 buf.truncate(n);
                 return Ok(buf);
             }
-            Framing::Chunked => {
-                if let Some(body) = decode_chunked(&buf).map_err(ReadError::Garbage)? {
-                    return Ok(body);
-                }
-            }
-            _ => {}
+            return Ok(chunks.body);
         }
         if buf.len() > MAX_RESPONSE_BODY_BYTES {
             return Err(ReadError::Garbage(format!(
@@ -822,45 +818,45 @@ fn fill(stream: &mut UnixStream, buf: &mut Vec<u8>, deadline: Instant) -> Result
     }
 }
 
-/// Parses a response head (status line and headers, with the blank line).
-fn parse_head(head: &[u8]) -> Result<(u16, String, Framing), ReadError> {
+/// Parses the response head at the start of `buf`: `None` while it is
+/// incomplete, else its length, status, reason and body framing.
+fn parse_head(buf: &[u8]) -> Result<Option<(usize, u16, String, Framing)>, ReadError> {
     let garbage = |why: String| ReadError::Garbage(why);
-    let text = std::str::from_utf8(head)
-        .map_err(|_| garbage("the response head is not valid UTF-8".into()))?;
-    let mut lines = text.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let mut parts = status_line.splitn(3, ' ');
-    let version = parts.next().unwrap_or_default();
-    let status = parts
-        .next()
-        .filter(|s| s.len() == 3 && s.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|s| s.parse::<u16>().ok());
-    let (true, Some(status)) = (version.starts_with("HTTP/1."), status) else {
-        return Err(garbage(format!(
-            "bad status line {:?}",
-            snippet(status_line.as_bytes())
-        )));
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut headers);
+    let head_end = match response.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(garbage(format!(
+                "the response has more than {MAX_HEADERS} headers"
+            )))
+        }
+        Err(e) => {
+            return Err(garbage(format!(
+                "it is not an HTTP/1 response ({e}): {:?}",
+                snippet(buf)
+            )))
+        }
     };
-    let reason = parts.next().unwrap_or_default().to_string();
+    let status = response.code.unwrap_or_default();
+    let reason = response.reason.unwrap_or_default().to_string();
     let mut length: Option<usize> = None;
     let mut chunked = false;
-    for line in lines.filter(|l| !l.is_empty()) {
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(garbage(format!(
-                "bad header line {:?}",
-                snippet(line.as_bytes())
-            )));
-        };
+    for h in response.headers.iter() {
+        let value = String::from_utf8_lossy(h.value);
         let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
+        if h.name.eq_ignore_ascii_case("content-length") {
             let n = value
                 .parse::<usize>()
-                .map_err(|_| garbage(format!("bad Content-Length {value:?}")))?;
+                .ok()
+                .filter(|_| value.bytes().all(|b| b.is_ascii_digit()))
+                .ok_or_else(|| garbage(format!("bad Content-Length {value:?}")))?;
             if length.is_some_and(|m| m != n) {
                 return Err(garbage("conflicting Content-Length headers".into()));
             }
             length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             let last = value.rsplit(',').next().unwrap_or_default().trim();
             if !last.eq_ignore_ascii_case("chunked") {
                 return Err(garbage(format!("unsupported Transfer-Encoding {value:?}")));
@@ -878,54 +874,98 @@ fn parse_head(head: &[u8]) -> Result<(u16, String, Framing), ReadError> {
         (false, Some(n)) => Framing::Length(n),
         (false, None) => Framing::UntilClose,
     };
-    Ok((status, reason, framing))
+    Ok(Some((head_end, status, reason, framing)))
 }
 
-/// Decodes a chunked body: `Ok(None)` while incomplete. Chunk extensions
-/// and trailers are skipped.
-fn decode_chunked(mut data: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let mut body = Vec::new();
-    loop {
-        let Some(eol) = find(data, b"\r\n") else {
-            return Ok(None);
-        };
-        let size_text =
-            std::str::from_utf8(&data[..eol]).map_err(|_| "bad chunk size".to_string())?;
-        let size_text = size_text.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_text, 16)
-            .map_err(|_| format!("bad chunk size {:?}", snippet(size_text.as_bytes())))?;
-        data = &data[eol + 2..];
-        if size == 0 {
-            // Trailers end with an empty line.
-            let mut rest = data;
-            loop {
-                let Some(eol) = find(rest, b"\r\n") else {
-                    return Ok(None);
-                };
-                if eol == 0 {
-                    return Ok(Some(body));
+/// Where a chunked body's decoding stands.
+#[derive(Debug, Default)]
+enum ChunkState {
+    /// Expecting a chunk-size line.
+    #[default]
+    Size,
+    /// Inside a chunk's data, this many bytes left.
+    Data(usize),
+    /// Expecting the CRLF after a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailers up to an empty line.
+    Trailers,
+}
+
+/// Decodes a chunked body as it arrives: every call consumes what it can
+/// from the front of the buffer, so each byte is decoded once.
+#[derive(Debug, Default)]
+struct Dechunker {
+    state: ChunkState,
+    body: Vec<u8>,
+}
+
+impl Dechunker {
+    /// Consumes decoded bytes from the front of `buf`; true once the body
+    /// (with its trailers) is complete. Chunk extensions and trailers are
+    /// skipped.
+    fn feed(&mut self, buf: &mut Vec<u8>) -> Result<bool, String> {
+        let mut at = 0;
+        let done = loop {
+            let data = &buf[at..];
+            match self.state {
+                ChunkState::Size => match httparse::parse_chunk_size(data) {
+                    Ok(httparse::Status::Complete((n, 0))) => {
+                        at += n;
+                        self.state = ChunkState::Trailers;
+                    }
+                    Ok(httparse::Status::Complete((n, size))) => {
+                        let size = usize::try_from(size)
+                            .ok()
+                            .filter(|s| self.body.len().saturating_add(*s) <= MAX_RESPONSE_BODY_BYTES)
+                            .ok_or_else(|| {
+                                format!(
+                                    "the response body is longer than {MAX_RESPONSE_BODY_BYTES} bytes"
+                                )
+                            })?;
+                        at += n;
+                        self.state = ChunkState::Data(size);
+                    }
+                    Ok(httparse::Status::Partial) => break false,
+                    Err(_) => {
+                        return Err(format!("bad chunk size line {:?}", snippet(data)));
+                    }
+                },
+                ChunkState::Data(left) => {
+                    let take = left.min(data.len());
+                    self.body.extend_from_slice(&data[..take]);
+                    at += take;
+                    if take < left {
+                        self.state = ChunkState::Data(left - take);
+                        break false;
+                    }
+                    self.state = ChunkState::DataEnd;
                 }
-                rest = &rest[eol + 2..];
+                ChunkState::DataEnd => {
+                    if data.len() < 2 {
+                        break false;
+                    }
+                    if &data[..2] != b"\r\n" {
+                        return Err("a chunk does not end with CRLF".into());
+                    }
+                    at += 2;
+                    self.state = ChunkState::Size;
+                }
+                ChunkState::Trailers => {
+                    let mut trailers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                    match httparse::parse_headers(data, &mut trailers) {
+                        Ok(httparse::Status::Complete((n, _))) => {
+                            at += n;
+                            break true;
+                        }
+                        Ok(httparse::Status::Partial) => break false,
+                        Err(e) => return Err(format!("bad chunked-body trailers ({e})")),
+                    }
+                }
             }
-        }
-        if size > MAX_RESPONSE_BODY_BYTES || body.len() + size > MAX_RESPONSE_BODY_BYTES {
-            return Err(format!(
-                "the response body is longer than {MAX_RESPONSE_BODY_BYTES} bytes"
-            ));
-        }
-        if data.len() < size + 2 {
-            return Ok(None);
-        }
-        if &data[size..size + 2] != b"\r\n" {
-            return Err("a chunk does not end with CRLF".into());
-        }
-        body.extend_from_slice(&data[..size]);
-        data = &data[size + 2..];
+        };
+        buf.drain(..at);
+        Ok(done)
     }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// The start of some bytes, for messages.
@@ -1018,6 +1058,44 @@ mod tests {
                 String::from_utf8_lossy(raw)
             );
         }
+    }
+
+    #[test]
+    fn non_utf8_header_values_should_be_accepted() {
+        let r =
+            parse(b"HTTP/1.1 200 OK\r\nX-Note: caf\xe9\r\nContent-Length: 2\r\n\r\nok").unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
+    }
+
+    /// A daemon writing one byte at a time: every split of the head and of
+    /// the chunk framing must decode to the same body.
+    #[test]
+    fn responses_arriving_byte_by_byte_should_decode_the_same() {
+        let raw: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;x=y\r\nWiki\r\n5\r\npedia\r\n0\r\nT: 1\r\n\r\n";
+        let (mut ours, mut theirs) = UnixStream::pair().unwrap();
+        let writer = std::thread::spawn(move || {
+            for b in raw {
+                theirs.write_all(std::slice::from_ref(b)).unwrap();
+            }
+            // Kept open: the body must end by its framing, not by close.
+            theirs
+        });
+        let r = read_response(&mut ours, far()).unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"Wikipedia"[..]));
+        drop(writer.join().unwrap());
+    }
+
+    #[test]
+    fn dechunker_should_consume_each_byte_once() {
+        let mut d = Dechunker::default();
+        let mut buf = b"3\r\nabc\r".to_vec();
+        assert!(!d.feed(&mut buf).unwrap());
+        // Everything but the unfinished CRLF is consumed.
+        assert_eq!(buf, b"\r");
+        buf.extend_from_slice(b"\n0\r\n\r\n");
+        assert!(d.feed(&mut buf).unwrap());
+        assert_eq!(d.body, b"abc");
+        assert!(buf.is_empty());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::metrics::{Metrics, RejectLabels};
@@ -40,8 +40,6 @@ pub enum Error {
         crate::duration::format(*.waited)
     )]
     QueueTimeout { waited: Duration },
-    #[error("the daemon is shutting down; try again later")]
-    Closed,
 }
 
 /// Gate in front of CNI work.
@@ -92,15 +90,11 @@ impl Admission {
             None => None,
             Some(slots) => match slots.clone().try_acquire_owned() {
                 Ok(p) => Some(p),
-                Err(tokio::sync::TryAcquireError::Closed) => return Err(Error::Closed),
-                Err(tokio::sync::TryAcquireError::NoPermits) => {
+                Err(_no_permits) => {
                     self.metrics.queued.inc();
                     let _queued = Queued(&self.metrics);
-                    match tokio::time::timeout(self.queue_timeout, slots.clone().acquire_owned())
-                        .await
-                    {
-                        Ok(Ok(p)) => Some(p),
-                        Ok(Err(_)) => return Err(Error::Closed),
+                    match tokio::time::timeout(self.queue_timeout, acquire_many(slots, 1)).await {
+                        Ok(p) => Some(p),
                         Err(_) => {
                             self.metrics
                                 .rejected
@@ -146,7 +140,6 @@ pub struct ConnectionLimit {
 pub enum Slot {
     Free(OwnedSemaphorePermit),
     Full,
-    Closed,
 }
 
 impl ConnectionLimit {
@@ -188,18 +181,28 @@ impl ConnectionLimit {
         self.cap
     }
 
-    /// A connection slot; `None` only if the limit was closed.
-    pub async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
-        self.slots.clone().acquire_owned().await.ok()
+    /// A connection slot, once one is free.
+    pub async fn acquire(&self) -> OwnedSemaphorePermit {
+        acquire_many(&self.slots, 1).await
     }
 
     /// A connection slot if one is free now.
     pub fn try_acquire(&self) -> Slot {
         match self.slots.clone().try_acquire_owned() {
             Ok(p) => Slot::Free(p),
-            Err(TryAcquireError::NoPermits) => Slot::Full,
-            Err(TryAcquireError::Closed) => Slot::Closed,
+            // NoPermits (this module never closes its semaphores).
+            Err(_) => Slot::Full,
         }
+    }
+}
+
+/// `n` permits of `semaphore`. This module never closes its semaphores,
+/// so tokio's acquire cannot fail; were one closed, the caller would wait
+/// (every caller bounds its wait) instead of failing or panicking.
+async fn acquire_many(semaphore: &Arc<Semaphore>, n: u32) -> OwnedSemaphorePermit {
+    match semaphore.clone().acquire_many_owned(n).await {
+        Ok(p) => p,
+        Err(_closed) => std::future::pending().await,
     }
 }
 
@@ -338,19 +341,13 @@ impl BodyBytes {
     /// Waits (first come, first served) until `n` more bytes are free. A
     /// single request never holds more than the whole budget, so a body
     /// larger than it still gets read, alone.
-    pub async fn grow(&mut self, n: usize) -> Result<(), Error> {
+    pub async fn grow(&mut self, n: usize) {
         let n = n.min(self.budget.total.saturating_sub(self.len()));
         if n == 0 {
-            return Ok(());
+            return;
         }
         let n32 = u32::try_from(n).unwrap_or(u32::MAX);
-        let more = self
-            .budget
-            .bytes
-            .clone()
-            .acquire_many_owned(n32)
-            .await
-            .map_err(|_| Error::Closed)?;
+        let more = acquire_many(&self.budget.bytes, n32).await;
         let got = more.num_permits();
         match &mut self.permit {
             Some(p) => p.merge(more),
@@ -359,7 +356,6 @@ impl BodyBytes {
         let now = self.budget.held.fetch_add(got, Ordering::Relaxed) + got;
         self.budget.peak.fetch_max(now, Ordering::Relaxed);
         self.budget.metrics.body_bytes.inc_by(got as i64);
-        Ok(())
     }
 }
 
@@ -469,7 +465,7 @@ mod tests {
         let m = Arc::new(Metrics::new());
         let budget = BodyBudget::new(100, m.clone());
         let mut a = budget.hold();
-        a.grow(60).await.unwrap();
+        a.grow(60).await;
         let mut b = budget.hold();
         // 60 + 50 > 100: b waits until a is dropped.
         let waiting = tokio::time::timeout(Duration::from_millis(20), b.grow(50)).await;
@@ -477,9 +473,9 @@ mod tests {
         assert_eq!(b.len(), 0);
         assert_eq!(m.body_bytes.get(), 60);
         drop(a);
-        b.grow(50).await.unwrap();
+        b.grow(50).await;
         // Chunks add up; one request never asks for more than the budget.
-        b.grow(1000).await.unwrap();
+        b.grow(1000).await;
         assert_eq!(b.len(), 100);
         assert_eq!(budget.held(), 100);
         drop(b);

@@ -432,7 +432,6 @@ async fn accept_loop<H: Handler>(
         let permit = match connections.try_acquire() {
             Slot::Free(p) => Some(p),
             Slot::Full => None,
-            Slot::Closed => break,
         };
         // At the cap, a client is accepted only when an idle connection
         // can make room for it (see `make_room`); otherwise it waits in the
@@ -494,7 +493,6 @@ async fn accept_loop<H: Handler>(
             let permit = match connections.try_acquire() {
                 Slot::Free(p) => Some(p),
                 Slot::Full => make_room(&shared, &connections, None).await,
-                Slot::Closed => break,
             };
             serve_connection(stream, permit, &shared, &tracker);
             drained += 1;
@@ -531,7 +529,6 @@ async fn make_room<H>(
         declined.as_mut().enable();
         match connections.try_acquire() {
             Slot::Free(p) => return Some(p),
-            Slot::Closed => return None,
             Slot::Full => {}
         }
         if !evicted && shared.idle.evict_oldest() {
@@ -547,7 +544,7 @@ async fn make_room<H>(
         };
         tokio::select! {
             biased;
-            p = connections.acquire() => return p,
+            p = connections.acquire() => return Some(p),
             _ = &mut candidate, if !evicted => {}
             // The one chosen got its request head just then: choose again.
             _ = &mut declined, if evicted => evicted = false,

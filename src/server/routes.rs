@@ -218,7 +218,7 @@ async fn read_body<H>(
     let mut buf = BytesMut::new();
     let read = async {
         waiting_for_budget = true;
-        held.grow(declared).await.map_err(|_| BodyError::Closed)?;
+        held.grow(declared).await;
         waiting_for_budget = false;
         buf.reserve(declared);
         let mut body = req.into_body();
@@ -233,9 +233,7 @@ async fn read_body<H>(
             // Chunked, or more than declared: hold each chunk as it comes.
             if len > held.len() {
                 waiting_for_budget = true;
-                held.grow(len - held.len())
-                    .await
-                    .map_err(|_| BodyError::Closed)?;
+                held.grow(len - held.len()).await;
                 waiting_for_budget = false;
             }
             buf.extend_from_slice(&data);
@@ -259,14 +257,6 @@ async fn read_body<H>(
             CniError::new(
                 code::IO_FAILURE,
                 format!("cannot read the request body: {e}"),
-            ),
-        )),
-        Ok(Err(BodyError::Closed)) => Err(fail(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "rejected",
-            CniError::new(
-                code::TRY_AGAIN_LATER,
-                "the daemon is shutting down; try again later",
             ),
         )),
         Err(_) if waiting_for_budget => {
@@ -305,7 +295,6 @@ async fn read_body<H>(
 enum BodyError {
     TooLarge,
     Read(hyper::Error),
-    Closed,
 }
 
 async fn cni<H: Handler>(

@@ -6,6 +6,7 @@ pub mod cni;
 pub mod daemon;
 pub mod http;
 pub mod inproc;
+pub mod kube;
 pub mod netns;
 pub mod shim;
 pub mod systemd;

@@ -26,9 +26,11 @@
 //!
 //! This module knows nothing about HTTP, the shim or Kubernetes.
 
+pub mod confdir;
 pub mod exec;
 pub mod netns;
 pub mod record;
+pub mod show;
 pub mod types;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -341,7 +343,7 @@ impl Engine {
     pub async fn load(&self, network: &str) -> Result<NetworkList, Error> {
         let dir = self.config.conf_dir.clone();
         let network = network.to_string();
-        blocking(move || types::load_network(&dir, &network))
+        blocking(move || confdir::load_network(&dir, &network))
             .await?
             .map_err(Error::config)
     }
@@ -809,7 +811,7 @@ impl Engine {
         cause
     }
 
-    /// What is recorded for `container_id` (see [`record::summary`]);
+    /// What is recorded for `container_id` (see [`show::summary`]);
     /// `None` when nothing is, or the id is not a valid container id.
     /// A damaged record is reported as such. Reads only, without a lock.
     pub async fn attachments(&self, container_id: &str) -> Result<Option<Value>, Error> {
@@ -819,8 +821,8 @@ impl Engine {
         let store = self.store.clone();
         let cid = container_id.to_string();
         match blocking(move || store.load(&cid)).await? {
-            Ok(record) => Ok(record.as_ref().map(record::summary)),
-            Err(e) if e.is_damaged() => Ok(Some(record::damaged_summary(container_id, &e))),
+            Ok(record) => Ok(record.as_ref().map(show::summary)),
+            Err(e) if e.is_damaged() => Ok(Some(show::damaged_summary(container_id, &e))),
             Err(e) => Err(Error::record(e)),
         }
     }

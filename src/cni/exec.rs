@@ -333,6 +333,24 @@ pub struct Plugin {
     stamp: Stamp,
 }
 
+impl Plugin {
+    /// A plugin known by name and path only, with no file behind it: what
+    /// a [`super::parts::PluginRunner`] that runs no binaries (a test's
+    /// fake) hands out. The real [`Runner`] locates its own.
+    pub fn unlocated(name: &str, path: PathBuf) -> Self {
+        Self {
+            name: name.to_string(),
+            path,
+            stamp: Stamp {
+                dev: 0,
+                ino: 0,
+                size: 0,
+                mtime: None,
+            },
+        }
+    }
+}
+
 /// Identity of a binary's content as far as the version cache cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {

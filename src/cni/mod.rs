@@ -29,6 +29,7 @@
 pub mod confdir;
 pub mod exec;
 pub mod netns;
+pub mod parts;
 pub mod record;
 pub mod show;
 pub mod types;
@@ -44,6 +45,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
 use self::exec::{CallEnv, ExecError, Group, Plugin, Runner};
+use self::parts::{PluginRunner, Records};
 use self::record::{
     Attachment, Delegate, Durability, Held, Locks, MarkerState, Markers, Record, State, Store,
 };
@@ -200,8 +202,8 @@ struct Prepared {
 #[derive(Debug)]
 pub struct Engine {
     config: Config,
-    runner: Arc<Runner>,
-    store: Arc<Store>,
+    runner: Arc<dyn PluginRunner>,
+    store: Arc<dyn Records>,
     locks: Arc<Locks>,
     markers: Arc<Markers>,
     kill_group: KillGroup,
@@ -267,13 +269,49 @@ impl Engine {
         kill_group: KillGroup,
     ) -> Result<Self, Error> {
         let store = Store::open(&config.state_dir).map_err(Error::record)?;
-        let locks = Locks::open(&config.state_dir).map_err(Error::record)?;
         let markers = Arc::new(Markers::new());
         let runner = Runner::new(config.bin_dirs.clone(), config.plugin_timeout, metrics)
             .with_journal(markers.clone());
+        Self::assemble(
+            config,
+            Arc::new(runner),
+            Arc::new(store),
+            markers,
+            kill_group,
+        )
+    }
+
+    /// An engine with the plugin runner and record store given (tests use
+    /// scripted plugins and an in-memory store; see [`parts`]). The
+    /// container locks are still files under `config.state_dir`, created
+    /// here. `runner` is not given the engine's plugin journal, so the
+    /// groups of the plugins it runs are not noted for crash recovery:
+    /// the daemon uses [`Engine::new`]. Blocking, like [`Engine::new`].
+    pub fn with_parts(
+        config: Config,
+        runner: Arc<dyn PluginRunner>,
+        store: Arc<dyn Records>,
+    ) -> Result<Self, Error> {
+        Self::assemble(
+            config,
+            runner,
+            store,
+            Arc::new(Markers::new()),
+            exec::kill_stale_group,
+        )
+    }
+
+    fn assemble(
+        config: Config,
+        runner: Arc<dyn PluginRunner>,
+        store: Arc<dyn Records>,
+        markers: Arc<Markers>,
+        kill_group: KillGroup,
+    ) -> Result<Self, Error> {
+        let locks = Locks::open(&config.state_dir).map_err(Error::record)?;
         let engine = Self {
-            runner: Arc::new(runner),
-            store: Arc::new(store),
+            runner,
+            store,
             locks: Arc::new(locks),
             markers,
             kill_group,
@@ -378,7 +416,7 @@ impl Engine {
             let gc_file = locks.gc_shared().map_err(Error::record)?;
             let file = locks.lock(&cid).map_err(Error::record)?;
             let stale = markers.of(&cid, &file).map_err(Error::record)?;
-            let loaded = load_now(&store, &cid).map_err(Error::record)?;
+            let loaded = load_now(store.as_ref(), &cid).map_err(Error::record)?;
             Ok((gc_file, file, stale, loaded))
         })
         .await??;
@@ -1321,7 +1359,10 @@ type SetAside = (record::Error, PathBuf);
 
 /// The record of `id` (the caller holds its lock); a damaged one is moved
 /// aside (bytes kept). Blocking.
-fn load_now(store: &Store, id: &str) -> Result<(Option<Record>, Option<SetAside>), record::Error> {
+fn load_now(
+    store: &dyn Records,
+    id: &str,
+) -> Result<(Option<Record>, Option<SetAside>), record::Error> {
     match store.load(id) {
         Ok(r) => Ok((r, None)),
         Err(e) if e.is_damaged() => {

@@ -27,6 +27,8 @@
 //! This module knows nothing about HTTP, the shim or Kubernetes.
 
 pub mod confdir;
+#[cfg(test)]
+mod engine_tests;
 pub mod exec;
 pub mod netns;
 pub mod parts;

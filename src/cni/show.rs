@@ -91,3 +91,52 @@ pub fn damaged_summary(container_id: &str, e: &Error) -> Value {
         "damaged": e.to_string(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_summary_should_show_the_container_side_interface_and_its_addresses() {
+        let mut record = Record::new("c1");
+        record.attachments.push(super::super::record::Attachment {
+            ifname: "eth0".into(),
+            netns: "/run/netns/x".into(),
+            cni_args: String::new(),
+            capability_args: Map::new(),
+            delegates: vec![Delegate {
+                name: "n".into(),
+                ifname: "eth0".into(),
+                primary: true,
+                state: State::Added,
+                config: json!({}),
+                result: Some(json!({
+                    "cniVersion": "1.1.0",
+                    "interfaces": [
+                        {"name": "cni0", "mac": "aa:aa:aa:aa:aa:aa"},
+                        {"name": "eth0", "mac": "0a:58:0a:00:00:02", "sandbox": "/run/netns/x"}
+                    ],
+                    "ips": [
+                        {"address": "10.0.0.2/24", "gateway": "10.0.0.1", "interface": 1},
+                        {"address": "10.9.0.1/24", "interface": 0}
+                    ]
+                })),
+            }],
+        });
+        let s = summary(&record);
+        assert_eq!(s["containerId"], "c1");
+        let network = &s["attachments"][0]["networks"][0];
+        assert_eq!(network["network"], "n");
+        assert_eq!(network["state"], "added");
+        assert_eq!(network["mac"], "0a:58:0a:00:00:02");
+        assert_eq!(network["ips"], json!(["10.0.0.2/24"]));
+        assert_eq!(network["gateways"], json!(["10.0.0.1"]));
+
+        record.attachments[0].delegates[0].state = State::Adding;
+        record.attachments[0].delegates[0].result = None;
+        let network = summary(&record)["attachments"][0]["networks"][0].clone();
+        assert_eq!(network["state"], "adding");
+        assert!(network.get("ips").is_none() && network.get("mac").is_none());
+    }
+}

@@ -176,7 +176,7 @@ impl ExecError {
 pub struct Group {
     /// The plugin's pid, which is also its process group id.
     pub pgid: i32,
-    /// Field 22 of /proc/<pid>/stat (clock ticks since boot) of the leader.
+    /// Field 22 of `/proc/<pid>/stat` (clock ticks since boot) of the leader.
     pub start_time: u64,
 }
 
@@ -192,12 +192,12 @@ pub trait Journal: Send + Sync + std::fmt::Debug + 'static {
     fn finished(&self, container_id: &str, group: Group);
 }
 
-/// The start time of `pid` (field 22 of /proc/<pid>/stat), if it exists.
+/// The start time of `pid` (field 22 of `/proc/<pid>/stat`), if it exists.
 pub fn start_time(pid: i32) -> Option<u64> {
     read_stat(pid).map(|s| s.start_time)
 }
 
-/// What the runner needs of /proc/<pid>/stat.
+/// What the runner needs of `/proc/<pid>/stat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stat {
     zombie: bool,

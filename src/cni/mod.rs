@@ -24,6 +24,10 @@
 //!   PID 1's): ADD, CHECK and DEL check `CNI_NETNS` before anything runs,
 //!   and GC checks each recorded namespace (see [`netns`]).
 //!
+//! - The engine runs plugins and keeps records through the traits of
+//!   [`parts`] ([`exec::Runner`] and [`record::Store`] in the daemon), so
+//!   its logic is unit-tested with scripted plugins and records in memory.
+//!
 //! This module knows nothing about HTTP, the shim or Kubernetes.
 
 pub mod confdir;
@@ -259,7 +263,7 @@ impl Drop for ContainerLock<'_> {
 
 impl Engine {
     /// Creates the engine and the state directory, then cleans up after
-    /// crashed predecessors (see [`Engine::recover`]). Blocking, and it
+    /// crashed predecessors (see `Engine::recover`). Blocking, and it
     /// starts no thread (it runs before the listener is taken).
     pub fn new(config: Config, metrics: Option<Arc<Metrics>>) -> Result<Self, Error> {
         Self::build(config, metrics, exec::kill_stale_group)

@@ -135,7 +135,7 @@ pub enum Durability {
 const MAX_RECORD_BYTES: u64 = 16 << 20;
 /// Largest record an ADD may start with, before any plugin ran (network
 /// configurations and capability arguments); the results that follow add a
-/// few KiB per network, far from [`MAX_RECORD_BYTES`].
+/// few KiB per network, far from the `MAX_RECORD_BYTES` read limit.
 pub const MAX_NEW_RECORD_BYTES: usize = 256 << 10;
 /// Held shared by every operation, exclusively by the plugins' GC. A
 /// container id starts with a letter or digit, so no container's lock file

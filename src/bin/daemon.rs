@@ -214,7 +214,7 @@ fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
     let mut damaged = false;
     for id in &ids {
         match store.load(id) {
-            Ok(Some(r)) => out.push(cni::record::summary(&r)),
+            Ok(Some(r)) => out.push(cni::show::summary(&r)),
             Ok(None) if container_id.is_some() => {
                 eprintln!(
                     "plexusd: nothing is recorded for container {id:?} in {}",
@@ -228,7 +228,7 @@ fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
             Err(e) if e.is_damaged() => {
                 eprintln!("plexusd: {e}");
                 damaged = true;
-                out.push(cni::record::damaged_summary(id, &e));
+                out.push(cni::show::damaged_summary(id, &e));
             }
             Err(e) => {
                 eprintln!("plexusd: {e}");

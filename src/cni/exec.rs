@@ -176,7 +176,7 @@ impl ExecError {
 pub struct Group {
     /// The plugin's pid, which is also its process group id.
     pub pgid: i32,
-    /// Field 22 of /proc/<pid>/stat (clock ticks since boot) of the leader.
+    /// Field 22 of `/proc/<pid>/stat` (clock ticks since boot) of the leader.
     pub start_time: u64,
 }
 
@@ -192,12 +192,12 @@ pub trait Journal: Send + Sync + std::fmt::Debug + 'static {
     fn finished(&self, container_id: &str, group: Group);
 }
 
-/// The start time of `pid` (field 22 of /proc/<pid>/stat), if it exists.
+/// The start time of `pid` (field 22 of `/proc/<pid>/stat`), if it exists.
 pub fn start_time(pid: i32) -> Option<u64> {
     read_stat(pid).map(|s| s.start_time)
 }
 
-/// What the runner needs of /proc/<pid>/stat.
+/// What the runner needs of `/proc/<pid>/stat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stat {
     zombie: bool,
@@ -331,6 +331,24 @@ pub struct Plugin {
     pub name: String,
     pub path: PathBuf,
     stamp: Stamp,
+}
+
+impl Plugin {
+    /// A plugin known by name and path only, with no file behind it: what
+    /// a [`super::parts::PluginRunner`] that runs no binaries (a test's
+    /// fake) hands out. The real [`Runner`] locates its own.
+    pub fn unlocated(name: &str, path: PathBuf) -> Self {
+        Self {
+            name: name.to_string(),
+            path,
+            stamp: Stamp {
+                dev: 0,
+                ino: 0,
+                size: 0,
+                mtime: None,
+            },
+        }
+    }
 }
 
 /// Identity of a binary's content as far as the version cache cares.
@@ -553,6 +571,9 @@ impl Runner {
         out
     }
 
+    /// One run of `plugin`: spawn (noting its group in the journal), feed
+    /// its stdin and read its output until it exits or `timeout` passes,
+    /// clean up its group, then judge what it did.
     async fn run_once(
         &self,
         plugin: &Plugin,
@@ -560,6 +581,34 @@ impl Runner {
         stdin: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, ExecError> {
+        let cmd = self.command(plugin, env);
+        let process = Process::start(cmd, plugin, self.journal_for(env)).await?;
+        let ended = process.run(stdin, timeout).await;
+        if !ended.drained {
+            tracing::debug!(
+                plugin = %plugin.name,
+                command = env.command,
+                container_id = %env.container_id,
+                "a process outside the plugin's group kept its output open; answering from what the plugin printed"
+            );
+        }
+        if !ended.stderr.is_empty() {
+            tracing::info!(
+                plugin = %plugin.name,
+                command = env.command,
+                container_id = %env.container_id,
+                ifname = %env.ifname,
+                stderr = %String::from_utf8_lossy(&ended.stderr).trim_end(),
+                "plugin wrote to stderr"
+            );
+        }
+        ended.judge(plugin, env.command, timeout)
+    }
+
+    /// The plugin's process: a clean environment holding the CNI variables
+    /// and `PATH`, `/` as its directory, three pipes, and a process group
+    /// of its own.
+    fn command(&self, plugin: &Plugin, env: &CallEnv) -> std::process::Command {
         let mut cmd = std::process::Command::new(&plugin.path);
         cmd.env_clear()
             .env("PATH", &self.path_env)
@@ -574,62 +623,87 @@ impl Runner {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        let io_err = |what: &'static str| {
-            let (plugin, path) = (plugin.name.clone(), plugin.path.clone());
-            move |source: io::Error| ExecError::Io {
-                plugin,
-                path,
-                what,
-                source,
-            }
-        };
-        // VERSION, STATUS and GC leave nothing behind worth a journal entry.
-        let journal = match &self.journal {
+        cmd
+    }
+
+    /// Where a run with `env` is noted, and under which container: nowhere
+    /// without a container id, as VERSION, STATUS and GC leave nothing
+    /// behind worth a journal entry.
+    fn journal_for(&self, env: &CallEnv) -> Option<(Arc<dyn Journal>, String)> {
+        match &self.journal {
             Some(j) if !env.container_id.is_empty() => Some((j.clone(), env.container_id.clone())),
             _ => None,
-        };
-        let (mut child, mut reaper) = spawn(cmd, plugin, journal).await?;
-        let pid = child.id();
-        let stdin_pipe = take_pipe(
+        }
+    }
+}
+
+/// An [`ExecError::Io`] of `plugin` while doing `what`.
+fn io_error(plugin: &Plugin, what: &'static str) -> impl FnOnce(io::Error) -> ExecError {
+    let (plugin, path) = (plugin.name.clone(), plugin.path.clone());
+    move |source| ExecError::Io {
+        plugin,
+        path,
+        what,
+        source,
+    }
+}
+
+/// A spawned plugin and its pipes. Dropped at any point, its [`Reaper`]
+/// kills and reaps it.
+struct Process {
+    child: Child,
+    reaper: Reaper,
+    stdin: pipe::Sender,
+    output: Output,
+}
+
+impl Process {
+    /// Spawns `cmd` (see [`spawn`]) and takes its pipes.
+    async fn start(
+        cmd: std::process::Command,
+        plugin: &Plugin,
+        journal: Option<(Arc<dyn Journal>, String)>,
+    ) -> Result<Self, ExecError> {
+        let (mut child, reaper) = spawn(cmd, plugin, journal).await?;
+        let stdin = take_pipe(
             child.stdin.take().map(OwnedFd::from),
             pipe::Sender::from_owned_fd,
         )
-        .map_err(io_err("stdin"))?;
-        let mut stdout_pipe = take_pipe(
+        .map_err(io_error(plugin, "stdin"))?;
+        let stdout = take_pipe(
             child.stdout.take().map(OwnedFd::from),
             pipe::Receiver::from_owned_fd,
         )
-        .map_err(io_err("stdout"))?;
-        let mut stderr_pipe = take_pipe(
+        .map_err(io_error(plugin, "stdout"))?;
+        let stderr = take_pipe(
             child.stderr.take().map(OwnedFd::from),
             pipe::Receiver::from_owned_fd,
         )
-        .map_err(io_err("stderr"))?;
+        .map_err(io_error(plugin, "stderr"))?;
+        Ok(Self {
+            child,
+            reaper,
+            stdin,
+            output: Output::new(stdout, stderr),
+        })
+    }
 
-        // The pipes are driven right here, not in tasks of their own: when
-        // this returns (or is dropped) nothing of the call is left running.
-        let mut feed = Feed::new(stdin_pipe, stdin);
-        let mut out = Capture::new(STDOUT_CAP);
-        let mut err = Capture::new(STDERR_CAP);
-        let exited = wait_exit(pid);
-        tokio::pin!(exited);
-        let deadline = tokio::time::sleep(timeout);
-        tokio::pin!(deadline);
-        let timed_out = loop {
-            tokio::select! {
-                () = &mut exited => break false,
-                () = &mut deadline => break true,
-                () = feed.run(), if feed.is_open() => {}
-                () = out.fill(&mut stdout_pipe), if !out.is_done() => {}
-                () = err.fill(&mut stderr_pipe), if !err.is_done() => {}
-            }
-        };
-        // A child that inherited stdin could hold this write forever.
-        drop(feed);
-        if timed_out {
-            kill_group(pid);
-            (&mut exited).await;
-        }
+    /// Gives the plugin `input` and reads its output until it exits, or
+    /// until `timeout`, when its group is killed. Then kills whatever it
+    /// left running in its group, reaps it, and reads what is left in the
+    /// pipes (for at most [`PIPE_GRACE`]).
+    ///
+    /// The pipes are driven right here, not in tasks of their own: when
+    /// this returns (or is dropped) nothing of the call is left running.
+    async fn run(self, input: Vec<u8>, timeout: Duration) -> Ended {
+        let Process {
+            mut child,
+            mut reaper,
+            stdin,
+            mut output,
+        } = self;
+        let pid = child.id();
+        let timed_out = until_exit(pid, Feed::new(stdin, input), &mut output, timeout).await;
         // The plugin is a zombie now, holding its group id: kill whatever
         // it left running in the group, then reap it.
         kill_group(pid);
@@ -637,41 +711,118 @@ impl Runner {
         // What the plugin printed is in the pipes: read it. Only a process
         // that left the group can keep them open past the grace; it is
         // neither waited for nor killed.
-        let drained = tokio::time::timeout(PIPE_GRACE, async {
-            tokio::join!(out.fill(&mut stdout_pipe), err.fill(&mut stderr_pipe))
-        })
-        .await;
-        drop((stdout_pipe, stderr_pipe));
-        if drained.is_err() {
-            tracing::debug!(
-                plugin = %plugin.name,
-                command = env.command,
-                container_id = %env.container_id,
-                "a process outside the plugin's group kept its output open; answering from what the plugin printed"
-            );
-        }
+        let drained = output.drain().await;
+        let (stdout, stderr) = output.close();
         reaper.finish().await;
-
-        let (stderr, _) = err.into_parts().unwrap_or_default();
-        if !stderr.is_empty() {
-            tracing::info!(
-                plugin = %plugin.name,
-                command = env.command,
-                container_id = %env.container_id,
-                ifname = %env.ifname,
-                stderr = %String::from_utf8_lossy(&stderr).trim_end(),
-                "plugin wrote to stderr"
-            );
+        Ended {
+            timed_out,
+            status,
+            stdout: stdout.into_parts(),
+            stderr: stderr.into_parts().map(|(b, _)| b).unwrap_or_default(),
+            drained,
         }
-        if timed_out {
+    }
+}
+
+/// Feeds the plugin's stdin and reads its output until it exits; when
+/// `timeout` passes first, kills its group and waits for the exit. Whether
+/// it timed out.
+async fn until_exit(pid: u32, mut feed: Feed, output: &mut Output, timeout: Duration) -> bool {
+    let exited = wait_exit(pid);
+    tokio::pin!(exited);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let timed_out = loop {
+        tokio::select! {
+            () = &mut exited => break false,
+            () = &mut deadline => break true,
+            () = feed.run(), if feed.is_open() => {}
+            () = output.read(), if !output.is_done() => {}
+        }
+    };
+    // A child that inherited stdin could hold this write forever.
+    drop(feed);
+    if timed_out {
+        kill_group(pid);
+        exited.await;
+    }
+    timed_out
+}
+
+/// A plugin's stdout and stderr, each read into a bounded [`Capture`].
+struct Output {
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+    out: Capture,
+    err: Capture,
+}
+
+impl Output {
+    fn new(stdout: pipe::Receiver, stderr: pipe::Receiver) -> Self {
+        Self {
+            stdout,
+            stderr,
+            out: Capture::new(STDOUT_CAP),
+            err: Capture::new(STDERR_CAP),
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.out.is_done() && self.err.is_done()
+    }
+
+    /// Reads both until EOF or an error. Can be abandoned at any point and
+    /// resumed: what was read stays.
+    async fn read(&mut self) {
+        tokio::join!(
+            self.out.fill(&mut self.stdout),
+            self.err.fill(&mut self.stderr)
+        );
+    }
+
+    /// [`Output::read`] for at most [`PIPE_GRACE`]; false when something
+    /// still held the pipes open then.
+    async fn drain(&mut self) -> bool {
+        tokio::time::timeout(PIPE_GRACE, self.read()).await.is_ok()
+    }
+
+    /// Closes the pipes; what was read from each.
+    fn close(self) -> (Capture, Capture) {
+        (self.out, self.err)
+    }
+}
+
+/// How a plugin run ended, before it is judged.
+struct Ended {
+    timed_out: bool,
+    /// `None` when the plugin could not be reaped here.
+    status: Option<std::process::ExitStatus>,
+    /// What it printed and whether some was dropped, or the read error.
+    stdout: io::Result<(Vec<u8>, bool)>,
+    stderr: Vec<u8>,
+    /// Whether the pipes were closed within [`PIPE_GRACE`] of the exit.
+    drained: bool,
+}
+
+impl Ended {
+    /// The plugin's answer to `command`: its stdout when it exited 0, else
+    /// why not: a timeout, unreadable or oversized output, its CNI error,
+    /// or its exit status.
+    fn judge(
+        self,
+        plugin: &Plugin,
+        command: &'static str,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, ExecError> {
+        if self.timed_out {
             return Err(ExecError::TimedOut {
                 plugin: plugin.name.clone(),
                 path: plugin.path.clone(),
-                command: env.command,
+                command,
                 after: timeout,
             });
         }
-        let (stdout, stdout_cut) = out.into_parts().map_err(io_err("reading stdout"))?;
+        let (stdout, stdout_cut) = self.stdout.map_err(io_error(plugin, "reading stdout"))?;
         if stdout_cut {
             return Err(ExecError::TooMuchOutput {
                 plugin: plugin.name.clone(),
@@ -679,16 +830,10 @@ impl Runner {
                 cap: STDOUT_CAP,
             });
         }
-        let status = match status {
-            Some(s) => s,
-            None => {
-                return Err(ExecError::Io {
-                    plugin: plugin.name.clone(),
-                    path: plugin.path.clone(),
-                    what: "waiting for the plugin",
-                    source: io::Error::other("exit status unavailable"),
-                })
-            }
+        let Some(status) = self.status else {
+            return Err(io_error(plugin, "waiting for the plugin")(
+                io::Error::other("exit status unavailable"),
+            ));
         };
         if status.success() {
             return Ok(stdout);
@@ -699,7 +844,7 @@ impl Runner {
                 plugin: plugin.name.clone(),
                 path: plugin.path.clone(),
                 status: status_text,
-                stderr: snippet(&stderr),
+                stderr: snippet(&self.stderr),
             });
         }
         match serde_json::from_slice::<PluginError>(&stdout) {

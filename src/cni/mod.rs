@@ -24,11 +24,20 @@
 //!   PID 1's): ADD, CHECK and DEL check `CNI_NETNS` before anything runs,
 //!   and GC checks each recorded namespace (see [`netns`]).
 //!
+//! - The engine runs plugins and keeps records through the traits of
+//!   [`parts`] ([`exec::Runner`] and [`record::Store`] in the daemon), so
+//!   its logic is unit-tested with scripted plugins and records in memory.
+//!
 //! This module knows nothing about HTTP, the shim or Kubernetes.
 
+pub mod confdir;
+#[cfg(test)]
+mod engine_tests;
 pub mod exec;
 pub mod netns;
+pub mod parts;
 pub mod record;
+pub mod show;
 pub mod types;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -42,6 +51,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
 use self::exec::{CallEnv, ExecError, Group, Plugin, Runner};
+use self::parts::{PluginRunner, Records};
 use self::record::{
     Attachment, Delegate, Durability, Held, Locks, MarkerState, Markers, Record, State, Store,
 };
@@ -198,8 +208,8 @@ struct Prepared {
 #[derive(Debug)]
 pub struct Engine {
     config: Config,
-    runner: Arc<Runner>,
-    store: Arc<Store>,
+    runner: Arc<dyn PluginRunner>,
+    store: Arc<dyn Records>,
     locks: Arc<Locks>,
     markers: Arc<Markers>,
     kill_group: KillGroup,
@@ -253,7 +263,7 @@ impl Drop for ContainerLock<'_> {
 
 impl Engine {
     /// Creates the engine and the state directory, then cleans up after
-    /// crashed predecessors (see [`Engine::recover`]). Blocking, and it
+    /// crashed predecessors (see `Engine::recover`). Blocking, and it
     /// starts no thread (it runs before the listener is taken).
     pub fn new(config: Config, metrics: Option<Arc<Metrics>>) -> Result<Self, Error> {
         Self::build(config, metrics, exec::kill_stale_group)
@@ -265,13 +275,49 @@ impl Engine {
         kill_group: KillGroup,
     ) -> Result<Self, Error> {
         let store = Store::open(&config.state_dir).map_err(Error::record)?;
-        let locks = Locks::open(&config.state_dir).map_err(Error::record)?;
         let markers = Arc::new(Markers::new());
         let runner = Runner::new(config.bin_dirs.clone(), config.plugin_timeout, metrics)
             .with_journal(markers.clone());
+        Self::assemble(
+            config,
+            Arc::new(runner),
+            Arc::new(store),
+            markers,
+            kill_group,
+        )
+    }
+
+    /// An engine with the plugin runner and record store given (tests use
+    /// scripted plugins and an in-memory store; see [`parts`]). The
+    /// container locks are still files under `config.state_dir`, created
+    /// here. `runner` is not given the engine's plugin journal, so the
+    /// groups of the plugins it runs are not noted for crash recovery:
+    /// the daemon uses [`Engine::new`]. Blocking, like [`Engine::new`].
+    pub fn with_parts(
+        config: Config,
+        runner: Arc<dyn PluginRunner>,
+        store: Arc<dyn Records>,
+    ) -> Result<Self, Error> {
+        Self::assemble(
+            config,
+            runner,
+            store,
+            Arc::new(Markers::new()),
+            exec::kill_stale_group,
+        )
+    }
+
+    fn assemble(
+        config: Config,
+        runner: Arc<dyn PluginRunner>,
+        store: Arc<dyn Records>,
+        markers: Arc<Markers>,
+        kill_group: KillGroup,
+    ) -> Result<Self, Error> {
+        let locks = Locks::open(&config.state_dir).map_err(Error::record)?;
         let engine = Self {
-            runner: Arc::new(runner),
-            store: Arc::new(store),
+            runner,
+            store,
             locks: Arc::new(locks),
             markers,
             kill_group,
@@ -341,7 +387,7 @@ impl Engine {
     pub async fn load(&self, network: &str) -> Result<NetworkList, Error> {
         let dir = self.config.conf_dir.clone();
         let network = network.to_string();
-        blocking(move || types::load_network(&dir, &network))
+        blocking(move || confdir::load_network(&dir, &network))
             .await?
             .map_err(Error::config)
     }
@@ -376,7 +422,7 @@ impl Engine {
             let gc_file = locks.gc_shared().map_err(Error::record)?;
             let file = locks.lock(&cid).map_err(Error::record)?;
             let stale = markers.of(&cid, &file).map_err(Error::record)?;
-            let loaded = load_now(&store, &cid).map_err(Error::record)?;
+            let loaded = load_now(store.as_ref(), &cid).map_err(Error::record)?;
             Ok((gc_file, file, stale, loaded))
         })
         .await??;
@@ -809,7 +855,7 @@ impl Engine {
         cause
     }
 
-    /// What is recorded for `container_id` (see [`record::summary`]);
+    /// What is recorded for `container_id` (see [`show::summary`]);
     /// `None` when nothing is, or the id is not a valid container id.
     /// A damaged record is reported as such. Reads only, without a lock.
     pub async fn attachments(&self, container_id: &str) -> Result<Option<Value>, Error> {
@@ -819,8 +865,8 @@ impl Engine {
         let store = self.store.clone();
         let cid = container_id.to_string();
         match blocking(move || store.load(&cid)).await? {
-            Ok(record) => Ok(record.as_ref().map(record::summary)),
-            Err(e) if e.is_damaged() => Ok(Some(record::damaged_summary(container_id, &e))),
+            Ok(record) => Ok(record.as_ref().map(show::summary)),
+            Err(e) if e.is_damaged() => Ok(Some(show::damaged_summary(container_id, &e))),
             Err(e) => Err(Error::record(e)),
         }
     }
@@ -1319,7 +1365,10 @@ type SetAside = (record::Error, PathBuf);
 
 /// The record of `id` (the caller holds its lock); a damaged one is moved
 /// aside (bytes kept). Blocking.
-fn load_now(store: &Store, id: &str) -> Result<(Option<Record>, Option<SetAside>), record::Error> {
+fn load_now(
+    store: &dyn Records,
+    id: &str,
+) -> Result<(Option<Record>, Option<SetAside>), record::Error> {
     match store.load(id) {
         Ok(r) => Ok((r, None)),
         Err(e) if e.is_damaged() => {

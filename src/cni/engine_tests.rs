@@ -1,0 +1,768 @@
+//! The engine's logic with scripted plugins ([`FakeRunner`]) and an
+//! in-memory record store ([`MemStore`]): rollback, per-container
+//! serialization, GC against ADD, DEL and CHECK. Container locks are the
+//! real ones, in a temporary directory (see [`super::parts`]).
+
+use super::*;
+use serde_json::json;
+use std::path::Path;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::time::timeout;
+
+/// Long enough for anything that should happen to happen, under load.
+const EVENTUALLY: Duration = Duration::from_secs(20);
+/// How long a call that must stay blocked is given to show up anyway.
+const NOT_WITHIN: Duration = Duration::from_millis(300);
+
+/// What a scripted plugin does for one command.
+#[derive(Debug, Clone)]
+enum Act {
+    /// Succeeds; an ADD prints a result naming the plugin.
+    Succeed,
+    /// Fails with this CNI error code and message.
+    Fail(u32, &'static str),
+    /// Waits for a permit of the gate (taken for good), then does the rest.
+    Wait(Arc<Semaphore>, Box<Act>),
+}
+
+/// One plugin run, as the fake saw it start.
+#[derive(Debug, Clone)]
+struct Call {
+    plugin: String,
+    command: &'static str,
+    container: String,
+    ifname: String,
+    stdin: Value,
+}
+
+/// Counts of runs in flight, per container id ("" for STATUS and GC).
+#[derive(Debug, Default)]
+struct Flight {
+    now: HashMap<String, usize>,
+    max: HashMap<String, usize>,
+    total: usize,
+    max_total: usize,
+}
+
+/// Plugins that do what the test scripted, noting every run.
+#[derive(Debug)]
+struct FakeRunner {
+    /// (plugin, command) -> what it does; unscripted runs succeed.
+    acts: Mutex<HashMap<(String, &'static str), Act>>,
+    calls: Mutex<Vec<Call>>,
+    flight: Mutex<Flight>,
+    /// Every run, as it starts.
+    started: mpsc::UnboundedSender<Call>,
+}
+
+impl FakeRunner {
+    fn new() -> (Arc<Self>, mpsc::UnboundedReceiver<Call>) {
+        let (started, rx) = mpsc::unbounded_channel();
+        let runner = Self {
+            acts: Mutex::new(HashMap::new()),
+            calls: Mutex::new(Vec::new()),
+            flight: Mutex::new(Flight::default()),
+            started,
+        };
+        (Arc::new(runner), rx)
+    }
+
+    fn script(&self, plugin: &str, command: &'static str, act: Act) {
+        self.acts
+            .lock()
+            .unwrap()
+            .insert((plugin.to_string(), command), act);
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// The runs of `command`, as "plugin/container/ifname", in order.
+    fn runs(&self, command: &str) -> Vec<String> {
+        self.calls()
+            .iter()
+            .filter(|c| c.command == command)
+            .map(|c| format!("{}/{}/{}", c.plugin, c.container, c.ifname))
+            .collect()
+    }
+
+    fn max_in_flight(&self, container: &str) -> usize {
+        let f = self.flight.lock().unwrap();
+        f.max.get(container).copied().unwrap_or(0)
+    }
+
+    fn max_total(&self) -> usize {
+        self.flight.lock().unwrap().max_total
+    }
+
+    fn enter(&self, call: &Call) {
+        self.calls.lock().unwrap().push(call.clone());
+        let mut f = self.flight.lock().unwrap();
+        let now = f.now.entry(call.container.clone()).or_default();
+        *now += 1;
+        let now = *now;
+        let max = f.max.entry(call.container.clone()).or_default();
+        *max = (*max).max(now);
+        f.total += 1;
+        f.max_total = f.max_total.max(f.total);
+        drop(f);
+        let _ = self.started.send(call.clone());
+    }
+
+    fn leave(&self, container: &str) {
+        let mut f = self.flight.lock().unwrap();
+        if let Some(n) = f.now.get_mut(container) {
+            *n -= 1;
+        }
+        f.total -= 1;
+    }
+}
+
+/// Leaves the flight count when a run ends, or is dropped half-way.
+struct Leave<'a>(&'a FakeRunner, String);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.leave(&self.1);
+    }
+}
+
+impl PluginRunner for FakeRunner {
+    fn find(&self, name: &str) -> Result<Plugin, ExecError> {
+        Ok(Plugin::unlocated(name, PathBuf::from("/fake").join(name)))
+    }
+
+    fn versions<'a>(
+        &'a self,
+        _plugin: &'a Plugin,
+    ) -> parts::BoxFuture<'a, Option<Arc<Vec<String>>>> {
+        Box::pin(async { Some(Arc::new(vec!["1.0.0".into(), "1.1.0".into()])) })
+    }
+
+    fn run<'a>(
+        &'a self,
+        plugin: &'a Plugin,
+        env: &'a CallEnv,
+        stdin: Vec<u8>,
+    ) -> parts::BoxFuture<'a, Result<Vec<u8>, ExecError>> {
+        Box::pin(async move {
+            let call = Call {
+                plugin: plugin.name.clone(),
+                command: env.command,
+                container: env.container_id.clone(),
+                ifname: env.ifname.clone(),
+                stdin: serde_json::from_slice(&stdin).unwrap(),
+            };
+            let act = self
+                .acts
+                .lock()
+                .unwrap()
+                .get(&(call.plugin.clone(), call.command))
+                .cloned()
+                .unwrap_or(Act::Succeed);
+            self.enter(&call);
+            let _leave = Leave(self, call.container.clone());
+            let mut act = act;
+            loop {
+                match act {
+                    Act::Wait(gate, then) => {
+                        gate.acquire().await.unwrap().forget();
+                        act = *then;
+                    }
+                    Act::Succeed if call.command == "ADD" => {
+                        let result = json!({
+                            "cniVersion": "1.1.0",
+                            "interfaces": [{"name": call.plugin}],
+                        });
+                        return Ok(serde_json::to_vec(&result).unwrap());
+                    }
+                    Act::Succeed => return Ok(Vec::new()),
+                    Act::Fail(code, msg) => {
+                        return Err(ExecError::Failed {
+                            plugin: call.plugin.clone(),
+                            error: exec::PluginError {
+                                code,
+                                msg: msg.to_string(),
+                                details: String::new(),
+                            },
+                        })
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Records in memory; ids marked damaged load as damaged records.
+#[derive(Debug, Default)]
+struct MemStore {
+    records: Mutex<BTreeMap<String, Record>>,
+    damaged: Mutex<BTreeSet<String>>,
+    set_aside: Mutex<BTreeSet<String>>,
+}
+
+impl MemStore {
+    fn damage(&self, id: &str) {
+        self.damaged.lock().unwrap().insert(id.to_string());
+    }
+
+    fn get(&self, id: &str) -> Option<Record> {
+        self.records.lock().unwrap().get(id).cloned()
+    }
+}
+
+impl Records for MemStore {
+    fn load(&self, container_id: &str) -> Result<Option<Record>, record::Error> {
+        if self.damaged.lock().unwrap().contains(container_id) {
+            return Err(record::Error::Damaged {
+                path: PathBuf::from(format!("mem/{container_id}.json")),
+                why: "scripted damage".into(),
+            });
+        }
+        Ok(self.get(container_id))
+    }
+
+    fn save(&self, record: &Record, durability: Durability) -> Result<(), record::Error> {
+        if record.attachments.is_empty() {
+            return self.remove(&record.container_id, durability);
+        }
+        let mut records = self.records.lock().unwrap();
+        records.insert(record.container_id.clone(), record.clone());
+        Ok(())
+    }
+
+    fn remove(&self, container_id: &str, _: Durability) -> Result<(), record::Error> {
+        self.records.lock().unwrap().remove(container_id);
+        Ok(())
+    }
+
+    fn exists(&self, container_id: &str) -> bool {
+        self.records.lock().unwrap().contains_key(container_id)
+            || self.damaged.lock().unwrap().contains(container_id)
+    }
+
+    fn list(&self) -> Result<Vec<String>, record::Error> {
+        let mut ids: BTreeSet<String> = self.records.lock().unwrap().keys().cloned().collect();
+        ids.extend(self.damaged.lock().unwrap().iter().cloned());
+        Ok(ids.into_iter().collect())
+    }
+
+    fn set_aside(&self, container_id: &str) -> Result<PathBuf, record::Error> {
+        self.damaged.lock().unwrap().remove(container_id);
+        self.set_aside
+            .lock()
+            .unwrap()
+            .insert(container_id.to_string());
+        Ok(PathBuf::from(format!("mem/damaged/{container_id}")))
+    }
+
+    fn was_set_aside(&self, container_id: &str) -> bool {
+        self.set_aside.lock().unwrap().contains(container_id)
+    }
+
+    fn temp_files(&self) -> Vec<(String, PathBuf)> {
+        Vec::new()
+    }
+}
+
+/// An engine on a fake runner and an in-memory store; the locks live in
+/// `dir`.
+struct Rig {
+    engine: Arc<Engine>,
+    runner: Arc<FakeRunner>,
+    store: Arc<MemStore>,
+    started: mpsc::UnboundedReceiver<Call>,
+    _dir: tempfile::TempDir,
+}
+
+fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        bin_dirs: Vec::new(),
+        conf_dir: dir.path().join("conf"),
+        state_dir: dir.path().to_path_buf(),
+        plugin_timeout: Duration::from_secs(5),
+    };
+    let (runner, started) = FakeRunner::new();
+    let store = Arc::new(MemStore::default());
+    let engine = Engine::with_parts(config, runner.clone(), store.clone()).unwrap();
+    Rig {
+        engine: Arc::new(engine),
+        runner,
+        store,
+        started,
+        _dir: dir,
+    }
+}
+
+impl Rig {
+    /// The next plugin run to start; fails the test if none does.
+    async fn next_start(&mut self) -> Call {
+        timeout(EVENTUALLY, self.started.recv())
+            .await
+            .expect("no plugin run started")
+            .unwrap()
+    }
+
+    /// Fails the test if a plugin run starts within [`NOT_WITHIN`].
+    async fn no_start(&mut self, why: &str) {
+        if let Ok(Some(call)) = timeout(NOT_WITHIN, self.started.recv()).await {
+            panic!("{why}: {call:?} started");
+        }
+    }
+}
+
+/// A 1.1.0 network running plugins `types` in order.
+fn net(name: &str, types: &[&str]) -> NetworkList {
+    let plugins: Vec<Value> = types.iter().map(|t| json!({"type": t})).collect();
+    NetworkList::from_value(
+        Path::new("test"),
+        json!({"cniVersion": "1.1.0", "name": name, "plugins": plugins}),
+        false,
+    )
+    .unwrap()
+}
+
+fn plan(list: NetworkList, ifname: &str, primary: bool) -> Planned {
+    Planned {
+        list,
+        ifname: ifname.into(),
+        primary,
+    }
+}
+
+/// A call as the runtime makes it; no netns, so no namespace is checked.
+fn call(command: Command, id: &str, ifname: &str) -> Invocation {
+    Invocation {
+        command,
+        container_id: id.into(),
+        netns: String::new(),
+        ifname: ifname.into(),
+        args: String::new(),
+        arg_pairs: Vec::new(),
+    }
+}
+
+async fn add(
+    engine: &Engine,
+    id: &str,
+    ifname: &str,
+    planned: Vec<Planned>,
+) -> Result<Value, Error> {
+    engine
+        .add(&call(Command::Add, id, ifname), Map::new(), planned)
+        .await
+}
+
+async fn del(engine: &Engine, id: &str, ifname: &str) -> Result<(), Error> {
+    let no_fallback = || async { Ok::<_, Error>(Vec::new()) };
+    engine
+        .del(&call(Command::Del, id, ifname), Map::new(), no_fallback)
+        .await
+}
+
+fn valid(pairs: &[(&str, &str)]) -> BTreeSet<(String, String)> {
+    pairs
+        .iter()
+        .map(|(c, i)| (c.to_string(), i.to_string()))
+        .collect()
+}
+
+/// The interface name in a DEL's prevResult: which plugin's result it is.
+fn prev_of(call: &Call) -> Option<String> {
+    call.stdin["prevResult"]["interfaces"][0]["name"]
+        .as_str()
+        .map(String::from)
+}
+
+#[tokio::test]
+async fn a_failed_add_should_be_rolled_back_in_reverse_and_leave_no_record() {
+    let r = rig();
+    r.runner
+        .script("d", "ADD", Act::Fail(7, "no addresses left"));
+    let planned = vec![
+        plan(net("n1", &["a", "b"]), "eth0", true),
+        plan(net("n2", &["c", "d"]), "net1", false),
+    ];
+    let e = add(&r.engine, "c1", "eth0", planned).await.unwrap_err();
+    assert_eq!(e.code, 7, "{e}");
+    assert!(
+        e.msg.contains("no addresses left") && e.msg.contains("n2"),
+        "{e}"
+    );
+    assert_eq!(
+        r.runner.runs("ADD"),
+        ["a/c1/eth0", "b/c1/eth0", "c/c1/net1", "d/c1/net1"]
+    );
+    // Every plugin of what was started, last network first, each chain in
+    // reverse; each with the result its chain had reached.
+    assert_eq!(
+        r.runner.runs("DEL"),
+        ["d/c1/net1", "c/c1/net1", "b/c1/eth0", "a/c1/eth0"]
+    );
+    let dels: Vec<Call> = r
+        .runner
+        .calls()
+        .into_iter()
+        .filter(|c| c.command == "DEL")
+        .collect();
+    let prevs: Vec<Option<String>> = dels.iter().map(prev_of).collect();
+    assert_eq!(
+        prevs,
+        [
+            Some("c".into()),
+            Some("c".into()),
+            Some("b".into()),
+            Some("b".into())
+        ]
+    );
+    assert!(r.store.get("c1").is_none(), "{:?}", r.store.get("c1"));
+    assert!(r.store.list().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_rollback_should_be_reported_and_leave_the_rest_for_del() {
+    let r = rig();
+    r.runner
+        .script("b", "ADD", Act::Fail(7, "no addresses left"));
+    r.runner.script("a", "DEL", Act::Fail(11, "a is stuck"));
+    let planned = vec![
+        plan(net("n1", &["a"]), "eth0", true),
+        plan(net("n2", &["b"]), "net1", false),
+    ];
+    let e = add(&r.engine, "c1", "eth0", planned).await.unwrap_err();
+    // The ADD's own failure is what is reported; the rollback's is added.
+    assert_eq!(e.code, 7, "{e}");
+    assert!(e.msg.contains("no addresses left"), "{e}");
+    assert!(e.details.contains("a is stuck"), "{e}");
+    assert_eq!(r.runner.runs("DEL"), ["b/c1/net1", "a/c1/eth0"]);
+    // What the rollback could not undo stays recorded for the runtime's
+    // DEL; what it undid does not.
+    let record = r
+        .store
+        .get("c1")
+        .expect("the record of a failed rollback went");
+    let att = record.attachment("eth0").unwrap();
+    let states: Vec<(&str, State)> = att
+        .delegates
+        .iter()
+        .map(|d| (d.name.as_str(), d.state))
+        .collect();
+    assert_eq!(states, [("n1", State::Added), ("n2", State::Pending)]);
+
+    // The runtime's DEL then undoes only what is left, and the record goes.
+    r.runner.script("a", "DEL", Act::Succeed);
+    del(&r.engine, "c1", "eth0").await.unwrap();
+    assert_eq!(
+        r.runner.runs("DEL"),
+        ["b/c1/net1", "a/c1/eth0", "a/c1/eth0"]
+    );
+    assert!(r.store.get("c1").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_for_one_container_should_never_overlap() {
+    let mut r = rig();
+    let gate = Arc::new(Semaphore::new(0));
+    r.runner
+        .script("a", "ADD", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
+    r.runner
+        .script("a", "DEL", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
+    let first = {
+        let e = r.engine.clone();
+        tokio::spawn(async move {
+            add(&e, "c1", "eth0", vec![plan(net("n", &["a"]), "eth0", true)]).await
+        })
+    };
+    let started = r.next_start().await;
+    assert_eq!((started.command, started.ifname.as_str()), ("ADD", "eth0"));
+    let second = {
+        let e = r.engine.clone();
+        tokio::spawn(async move {
+            add(&e, "c1", "net1", vec![plan(net("n", &["a"]), "net1", true)]).await
+        })
+    };
+    let third = {
+        let e = r.engine.clone();
+        tokio::spawn(async move { del(&e, "c1", "eth0").await })
+    };
+    r.no_start("a second call on the container ran while the first one's plugin did")
+        .await;
+    gate.add_permits(1);
+    first.await.unwrap().unwrap();
+    // The other two, one after the other, in whichever order they got the
+    // lock.
+    r.next_start().await;
+    r.no_start("a call on the container ran while another one's plugin did")
+        .await;
+    gate.add_permits(1);
+    r.next_start().await;
+    gate.add_permits(1);
+    second.await.unwrap().unwrap();
+    third.await.unwrap().unwrap();
+    assert_eq!(r.runner.max_in_flight("c1"), 1);
+    assert_eq!(r.runner.calls().len(), 3);
+    let record = r.store.get("c1").unwrap();
+    let ifnames: Vec<&str> = record
+        .attachments
+        .iter()
+        .map(|a| a.ifname.as_str())
+        .collect();
+    assert_eq!(ifnames, ["net1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_for_different_containers_should_run_at_once() {
+    let mut r = rig();
+    let gate = Arc::new(Semaphore::new(0));
+    r.runner
+        .script("a", "ADD", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
+    let tasks: Vec<_> = ["c1", "c2"]
+        .into_iter()
+        .map(|id| {
+            let e = r.engine.clone();
+            tokio::spawn(async move {
+                add(&e, id, "eth0", vec![plan(net("n", &["a"]), "eth0", true)]).await
+            })
+        })
+        .collect();
+    let mut ids = vec![
+        r.next_start().await.container,
+        r.next_start().await.container,
+    ];
+    ids.sort();
+    assert_eq!(ids, ["c1", "c2"]);
+    // Both plugins are blocked on the gate, so both are in flight now.
+    assert_eq!(r.runner.max_total(), 2);
+    gate.add_permits(2);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert!(r.store.get("c1").is_some() && r.store.get("c2").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_should_wait_for_an_add_in_flight_and_keep_it() {
+    let mut r = rig();
+    let gate = Arc::new(Semaphore::new(0));
+    r.runner
+        .script("a", "ADD", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
+    let n = net("n", &["a"]);
+    let adding = {
+        let e = r.engine.clone();
+        let n = n.clone();
+        tokio::spawn(async move { add(&e, "c1", "eth0", vec![plan(n, "eth0", true)]).await })
+    };
+    assert_eq!(r.next_start().await.command, "ADD");
+    // The runtime already counts the attachment being added as valid.
+    let gc = {
+        let e = r.engine.clone();
+        let lists = vec![n.clone()];
+        tokio::spawn(async move { e.gc(&valid(&[("c1", "eth0")]), &lists).await })
+    };
+    r.no_start("GC ran a plugin while an ADD was in flight")
+        .await;
+    assert!(
+        r.store.get("c1").is_some(),
+        "GC removed the record of an ADD in flight"
+    );
+    gate.add_permits(1);
+    adding.await.unwrap().unwrap();
+    let gc_call = r.next_start().await;
+    gc.await.unwrap().unwrap();
+    assert_eq!(gc_call.command, "GC");
+    assert_eq!(
+        gc_call.stdin["cni.dev/valid-attachments"],
+        json!([{"containerID": "c1", "ifname": "eth0"}])
+    );
+    assert!(r.runner.runs("DEL").is_empty(), "{:?}", r.runner.calls());
+    let record = r.store.get("c1").unwrap();
+    assert_eq!(record.attachments[0].delegates[0].state, State::Added);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_should_delete_a_stale_attachment_only_after_its_add_finished() {
+    let mut r = rig();
+    let gate = Arc::new(Semaphore::new(0));
+    r.runner
+        .script("a", "ADD", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
+    let adding = {
+        let e = r.engine.clone();
+        tokio::spawn(async move {
+            add(&e, "c1", "eth0", vec![plan(net("n", &["a"]), "eth0", true)]).await
+        })
+    };
+    r.next_start().await;
+    // A runtime that does not (yet) know the container: its attachment is
+    // stale, but not while its ADD runs.
+    let gc = {
+        let e = r.engine.clone();
+        tokio::spawn(async move { e.gc(&BTreeSet::new(), &[]).await })
+    };
+    r.no_start("GC deleted an attachment whose ADD was in flight")
+        .await;
+    gate.add_permits(1);
+    adding.await.unwrap().unwrap();
+    gc.await.unwrap().unwrap();
+    assert_eq!(r.runner.runs("ADD"), ["a/c1/eth0"]);
+    assert_eq!(r.runner.runs("DEL"), ["a/c1/eth0"]);
+    assert_eq!(r.runner.max_in_flight("c1"), 1);
+    assert!(r.store.get("c1").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_should_wait_while_gc_holds_its_container() {
+    let mut r = rig();
+    let n = net("n", &["a"]);
+    add(&r.engine, "c1", "eth0", vec![plan(n.clone(), "eth0", true)])
+        .await
+        .unwrap();
+    assert_eq!(r.next_start().await.command, "ADD");
+    let gate = Arc::new(Semaphore::new(0));
+    r.runner
+        .script("a", "DEL", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
+    let gc = {
+        let e = r.engine.clone();
+        tokio::spawn(async move { e.gc(&BTreeSet::new(), &[]).await })
+    };
+    let swept = r.next_start().await;
+    assert_eq!((swept.command, swept.container.as_str()), ("DEL", "c1"));
+    let adding = {
+        let e = r.engine.clone();
+        tokio::spawn(async move { add(&e, "c1", "net1", vec![plan(n, "net1", true)]).await })
+    };
+    r.no_start("an ADD ran while GC's sweep held the container")
+        .await;
+    gate.add_permits(1);
+    gc.await.unwrap().unwrap();
+    adding.await.unwrap().unwrap();
+    let order: Vec<String> = r
+        .runner
+        .calls()
+        .iter()
+        .map(|c| format!("{} {}", c.command, c.ifname))
+        .collect();
+    assert_eq!(order, ["ADD eth0", "DEL eth0", "ADD net1"]);
+    assert_eq!(r.runner.max_in_flight("c1"), 1);
+    let record = r.store.get("c1").unwrap();
+    assert_eq!(record.attachments.len(), 1);
+    assert_eq!(record.attachments[0].ifname, "net1");
+}
+
+#[tokio::test]
+async fn gc_should_delete_only_attachments_missing_from_the_valid_list() {
+    let r = rig();
+    let n = net("n", &["a", "b"]);
+    for (id, ifname) in [("c1", "eth0"), ("c2", "eth0"), ("c2", "net1")] {
+        add(&r.engine, id, ifname, vec![plan(n.clone(), ifname, true)])
+            .await
+            .unwrap();
+    }
+    r.engine
+        .gc(&valid(&[("c1", "eth0"), ("c2", "net1")]), &[n])
+        .await
+        .unwrap();
+    // The stale attachment's plugins, in reverse; nothing else.
+    assert_eq!(r.runner.runs("DEL"), ["b/c2/eth0", "a/c2/eth0"]);
+    assert!(r.store.get("c1").unwrap().attachment("eth0").is_some());
+    let c2 = r.store.get("c2").unwrap();
+    assert!(c2.attachment("eth0").is_none() && c2.attachment("net1").is_some());
+    // The plugins' GC is told about what is left, for each plugin.
+    let gcs: Vec<Call> = r
+        .runner
+        .calls()
+        .into_iter()
+        .filter(|c| c.command == "GC")
+        .collect();
+    assert_eq!(gcs.len(), 2);
+    for c in gcs {
+        assert_eq!(
+            c.stdin["cni.dev/valid-attachments"],
+            json!([
+                {"containerID": "c1", "ifname": "eth0"},
+                {"containerID": "c2", "ifname": "net1"}
+            ]),
+            "{c:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn del_of_an_unknown_container_should_run_nothing_and_record_nothing() {
+    let r = rig();
+    // Asked for only when the record was lost; this DEL would fail then.
+    let fallback = || async {
+        Err::<Vec<Planned>, _>(Error::new(
+            ErrorKind::Internal,
+            code::INTERNAL,
+            "a DEL of nothing asked for the configured networks",
+        ))
+    };
+    r.engine
+        .del(&call(Command::Del, "c9", "eth0"), Map::new(), fallback)
+        .await
+        .unwrap();
+    assert!(r.runner.calls().is_empty(), "{:?}", r.runner.calls());
+    assert!(r.store.list().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn del_after_a_damaged_record_should_run_the_configured_networks() {
+    let r = rig();
+    r.store.damage("c1");
+    let fallback = || async { Ok::<_, Error>(vec![plan(net("n", &["a", "b"]), "eth0", true)]) };
+    r.engine
+        .del(&call(Command::Del, "c1", "eth0"), Map::new(), fallback)
+        .await
+        .unwrap();
+    assert_eq!(r.runner.runs("DEL"), ["b/c1/eth0", "a/c1/eth0"]);
+    // No record to give a prevResult from.
+    assert!(r.runner.calls().iter().all(|c| prev_of(c).is_none()));
+    assert!(r.store.was_set_aside("c1"));
+    assert!(r.store.get("c1").is_none());
+}
+
+#[tokio::test]
+async fn check_should_report_the_first_plugin_that_disagrees() {
+    let r = rig();
+    let e = r
+        .engine
+        .check(&call(Command::Check, "c1", "eth0"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, code::UNKNOWN_CONTAINER, "{e}");
+    assert!(r.runner.calls().is_empty());
+
+    add(
+        &r.engine,
+        "c1",
+        "eth0",
+        vec![plan(net("n", &["a", "b", "c"]), "eth0", true)],
+    )
+    .await
+    .unwrap();
+    r.engine
+        .check(&call(Command::Check, "c1", "eth0"))
+        .await
+        .unwrap();
+    r.runner
+        .script("b", "CHECK", Act::Fail(100, "address mismatch"));
+    let e = r
+        .engine
+        .check(&call(Command::Check, "c1", "eth0"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, 100, "{e}");
+    assert!(e.msg.contains("address mismatch"), "{e}");
+    // In order, stopping at the failure, each with the recorded result.
+    let checks: Vec<Call> = r
+        .runner
+        .calls()
+        .into_iter()
+        .filter(|c| c.command == "CHECK")
+        .collect();
+    let names: Vec<&str> = checks.iter().map(|c| c.plugin.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c", "a", "b"]);
+    assert!(checks.iter().all(|c| prev_of(c).as_deref() == Some("c")));
+}

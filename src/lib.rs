@@ -36,6 +36,7 @@ pub mod cni;
 pub mod config;
 pub mod daemon;
 pub mod duration;
+pub mod k8s;
 pub mod limit;
 pub mod logging;
 pub mod metrics;

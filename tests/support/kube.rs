@@ -12,7 +12,8 @@
 //!   oldest event kept, an `ERROR` event carrying a 410 `Expired` Status;
 //! - GET of one object, 404 as a `NotFound` Status;
 //! - JSON merge patch and strategic merge patch (for metadata the same) of
-//!   `pods/<name>/status`, answering the patched pod;
+//!   `pods/<name>/status`, answering the patched pod; a patch changing
+//!   `metadata.uid` is 422 Invalid (the field is immutable);
 //! - errors as `Status` objects.
 //!
 //! Tests steer it: add, change and delete objects; fail the next requests
@@ -52,6 +53,8 @@ pub struct Logged {
     pub content_type: Option<String>,
     pub accept: Option<String>,
     pub body: Vec<u8>,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 impl Logged {
@@ -94,6 +97,8 @@ struct State {
     injected: Vec<Injected>,
     /// Open watches, told about each new event.
     watchers: Vec<mpsc::UnboundedSender<WatchMsg>>,
+    /// Some(events not yet sent to open watches) while watches are held.
+    held: Option<Vec<Event>>,
 }
 
 #[derive(Debug)]
@@ -270,6 +275,19 @@ impl FakeApi {
         s.broadcast(|| WatchMsg::Expire);
     }
 
+    /// While true, open watches get no events (a lagging watch: the
+    /// client's cache goes stale); false sends what was held.
+    pub fn hold_watches(&self, on: bool) {
+        let mut s = self.lock();
+        if on {
+            s.held.get_or_insert_with(Vec::new);
+        } else if let Some(held) = s.held.take() {
+            for e in held {
+                s.broadcast(|| WatchMsg::Event(e.clone()));
+            }
+        }
+    }
+
     /// Sends a BOOKMARK on every open watch.
     pub fn bookmark(&self) {
         self.lock().broadcast(|| WatchMsg::Bookmark);
@@ -355,7 +373,10 @@ impl State {
             self.events.drain(..drop_n);
             self.oldest_rv = self.events[0].rv;
         }
-        self.broadcast(|| WatchMsg::Event(event.clone()));
+        match &mut self.held {
+            Some(held) => held.push(event),
+            None => self.broadcast(|| WatchMsg::Event(event.clone())),
+        }
     }
 
     fn broadcast(&mut self, msg: impl Fn() -> WatchMsg) {
@@ -654,6 +675,7 @@ async fn handle(
         content_type: content_type.clone(),
         accept: accept.clone(),
         body: body.clone(),
+        at: std::time::Instant::now(),
     };
     let is_watch = logged.is_watch();
     let injected = {
@@ -751,6 +773,19 @@ async fn handle(
                     &format!("pods \"{name}\" not found"),
                 ));
             };
+            // uid is immutable: a patch naming another uid is invalid
+            // (what guards a write against a pod recreated under the name).
+            if let Some(uid) = patch["metadata"]["uid"].as_str() {
+                if pod["metadata"]["uid"].as_str() != Some(uid) {
+                    return Ok(error(
+                        422,
+                        "Invalid",
+                        &format!(
+                            "Pod \"{name}\" is invalid: metadata.uid: Invalid value: \"{uid}\": field is immutable"
+                        ),
+                    ));
+                }
+            }
             merge_patch(&mut pod, &patch);
             s.put(PODS, &ns, &name, pod);
             let stored = s.objects.get(&key).cloned().unwrap_or_default();

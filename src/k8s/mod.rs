@@ -1,0 +1,354 @@
+//! The Kubernetes source: this node's pods (metadata only) and every
+//! NetworkAttachmentDefinition, kept in watch-fed caches, plus the one
+//! write an ADD makes (the pod's `network-status` annotation).
+//!
+//! Optional: without a `kubeconfig` and outside a cluster there is no
+//! source, and Plexus serves static networks only.
+//!
+//! - Credentials: the `kubeconfig` file named in daemon-config.json, else
+//!   the in-cluster service account (when `KUBERNETES_SERVICE_HOST` is set).
+//! - Pods: `spec.nodeName=<node>` only, as `PartialObjectMetadata` (name,
+//!   namespace, uid, labels, annotations): a node never holds the
+//!   cluster's pods, nor their specs.
+//! - NADs: all namespaces (selection may name any namespace).
+//! - Caches re-list on `410 Gone` and back off on errors (kube-runtime's
+//!   watcher and reflector); [`Source::synced`] says when both have
+//!   listed once.
+//! - A pod the cache does not hold yet (a fresh pod racing the watch) costs
+//!   one GET, bounded by `requestTimeout`, never a failure for a slow cache.
+//! - Nothing here is needed for DEL: DEL runs from the attachment records.
+
+mod nad;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use tokio_util::sync::CancellationToken;
+
+pub use nad::NetworkAttachmentDefinition;
+
+/// The pod annotation Plexus writes after an ADD.
+pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
+
+/// Settings of this module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// A kubeconfig file; `None`: the in-cluster service account, if any.
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name, as the pods' `spec.nodeName` holds it.
+    pub node_name: String,
+    /// Bound of each single request (the pod GET, the status patch) and
+    /// of connecting.
+    pub request_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read the kubeconfig {path}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot use the in-cluster service account")]
+    InCluster(#[source] kube::config::InClusterError),
+    #[error("cannot create the Kubernetes client")]
+    Client(#[source] kube::Error),
+    #[error("the Kubernetes API did not answer within {}", crate::duration::format(*.0))]
+    Timeout(Duration),
+    #[error("the Kubernetes API refused the request")]
+    Api(#[source] kube::Error),
+    #[error(
+        "pod {namespace}/{name} was recreated: the runtime asked for uid {expected}, \
+         the API has {found}"
+    )]
+    UidMismatch {
+        namespace: String,
+        name: String,
+        expected: String,
+        found: String,
+    },
+}
+
+impl Error {
+    /// Worth trying again later (outage, timeout, throttling), as opposed
+    /// to a refusal that will not change.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Timeout(_) => true,
+            Error::Api(kube::Error::Api(status)) => {
+                matches!(status.code, 429 | 500 | 502 | 503 | 504)
+            }
+            Error::Api(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// What selection needs of a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl PodInfo {
+    fn from_meta(meta: &kube::core::ObjectMeta) -> Self {
+        Self {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            annotations: meta.annotations.clone().unwrap_or_default(),
+        }
+    }
+
+    /// A static pod (from a manifest file on the node) has a mirror object
+    /// in the API with a uid of its own; the runtime's uid never matches.
+    pub fn is_static(&self) -> bool {
+        self.annotations
+            .get("kubernetes.io/config.source")
+            .is_some_and(|s| s != "api")
+    }
+}
+
+/// The caches and the client. Dropping it stops the watches.
+pub struct Source {
+    client: kube::Client,
+    config: Config,
+    pods: Store<PartialObjectMeta<Pod>>,
+    nads: Store<NetworkAttachmentDefinition>,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source")
+            .field("config", &self.config)
+            .field("synced", &self.synced())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Whether this daemon has Kubernetes credentials at all: a `kubeconfig`,
+/// or the in-cluster environment.
+pub fn configured(config: &Config) -> bool {
+    config.kubeconfig.is_some() || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+}
+
+impl Source {
+    /// Builds the client and starts both watches on the current runtime.
+    /// Does not wait for anything: see [`Source::wait_synced`].
+    pub async fn start(config: Config) -> Result<Self, Error> {
+        let mut client_config = match &config.kubeconfig {
+            Some(path) => {
+                let p = path.clone();
+                let kubeconfig =
+                    tokio::task::spawn_blocking(move || kube::config::Kubeconfig::read_from(&p))
+                        .await
+                        .map_err(|e| Error::Client(kube::Error::Service(Box::new(e))))?
+                        .map_err(|source| Error::Kubeconfig {
+                            path: path.clone(),
+                            source,
+                        })?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .map_err(|source| Error::Kubeconfig {
+                        path: path.clone(),
+                        source,
+                    })?
+            }
+            None => kube::Config::incluster().map_err(Error::InCluster)?,
+        };
+        client_config.connect_timeout = Some(config.request_timeout);
+        client_config.write_timeout = Some(config.request_timeout);
+        let client = kube::Client::try_from(client_config).map_err(Error::Client)?;
+        let stop = CancellationToken::new();
+
+        let (pods, pods_writer) = reflector::store();
+        let pod_api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
+        let pod_watch = watcher(
+            pod_api,
+            watcher::Config::default().fields(&format!("spec.nodeName={}", config.node_name)),
+        );
+        spawn_reflector("pods", pod_watch, pods_writer, &pods, &stop);
+
+        let (nads, nads_writer) = reflector::store();
+        let nad_api: Api<NetworkAttachmentDefinition> = Api::all(client.clone());
+        let nad_watch = watcher(nad_api, watcher::Config::default());
+        spawn_reflector(
+            "network-attachment-definitions",
+            nad_watch,
+            nads_writer,
+            &nads,
+            &stop,
+        );
+
+        Ok(Self {
+            client,
+            config,
+            pods,
+            nads,
+            stop,
+        })
+    }
+
+    /// Both caches have listed once.
+    pub fn synced(&self) -> bool {
+        let ready = |w: Option<Result<(), _>>| matches!(w, Some(Ok(())));
+        ready(self.pods.wait_until_ready().now_or_never())
+            && ready(self.nads.wait_until_ready().now_or_never())
+    }
+
+    /// Waits until [`Source::synced`], at most `timeout`; whether it is.
+    pub async fn wait_synced(&self, timeout: Duration) -> bool {
+        let both = async {
+            let _ = self.pods.wait_until_ready().await;
+            let _ = self.nads.wait_until_ready().await;
+        };
+        let _ = tokio::time::timeout(timeout, both).await;
+        self.synced()
+    }
+
+    /// The pod, from the cache, else from one bounded GET (a pod created
+    /// moments ago may not have reached the cache). `Ok(None)`: no such
+    /// pod. With `uid`, a pod of that name with another uid (deleted and
+    /// recreated) is [`Error::UidMismatch`], unless it is a static pod.
+    pub async fn pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<Option<PodInfo>, Error> {
+        let pod = match self.cached_pod(namespace, name) {
+            Some(p) if uid.is_none_or(|u| u.is_empty() || u == p.uid) => return Ok(Some(p)),
+            // The cache may lag behind a recreation: ask the API.
+            _ => self.get_pod(namespace, name).await?,
+        };
+        match (pod, uid) {
+            (Some(p), Some(u)) if !u.is_empty() && u != p.uid && !p.is_static() => {
+                Err(Error::UidMismatch {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    expected: u.to_string(),
+                    found: p.uid,
+                })
+            }
+            (p, _) => Ok(p),
+        }
+    }
+
+    /// The pod as the cache holds it, without asking the API.
+    pub fn cached_pod(&self, namespace: &str, name: &str) -> Option<PodInfo> {
+        self.pods
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|p| PodInfo::from_meta(&p.metadata))
+    }
+
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, Error> {
+        let api: Api<PartialObjectMeta<Pod>> = Api::namespaced(self.client.clone(), namespace);
+        match tokio::time::timeout(self.config.request_timeout, api.get_opt(name)).await {
+            Err(_) => Err(Error::Timeout(self.config.request_timeout)),
+            Ok(Err(e)) => Err(Error::Api(e)),
+            Ok(Ok(p)) => Ok(p.map(|p| PodInfo::from_meta(&p.metadata))),
+        }
+    }
+
+    /// A NetworkAttachmentDefinition from the cache.
+    pub fn nad(&self, namespace: &str, name: &str) -> Option<Arc<NetworkAttachmentDefinition>> {
+        self.nads.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Writes the pod's `network-status` annotation: one merge patch of
+    /// its status subresource. The patch carries the pod's uid, so the API
+    /// server refuses it (422, uid is immutable) for a pod recreated under
+    /// the same name since the caller looked.
+    pub async fn set_network_status(&self, pod: &PodInfo, status: &str) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let patch = serde_json::json!({
+            "metadata": {
+                "uid": pod.uid,
+                "annotations": { NETWORK_STATUS_ANNOTATION: status },
+            }
+        });
+        let params = PatchParams::default();
+        let patch = Patch::Merge(&patch);
+        let call = api.patch_status(&pod.name, &params, &patch);
+        match tokio::time::timeout(self.config.request_timeout, call).await {
+            Err(_) => Err(Error::Timeout(self.config.request_timeout)),
+            Ok(Err(e)) => Err(Error::Api(e)),
+            Ok(Ok(_)) => Ok(()),
+        }
+    }
+}
+
+/// Runs a watch into a cache until `stop`; logs when the cache has its
+/// first full list. Errors are logged (at most one line per
+/// distinct error in a row) and retried with backoff.
+fn spawn_reflector<K>(
+    what: &'static str,
+    stream: impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    writer: reflector::store::Writer<K>,
+    store: &Store<K>,
+    stop: &CancellationToken,
+) where
+    K: kube::Resource + Clone + Send + Sync + std::fmt::Debug + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    let stop = stop.clone();
+    {
+        let store = store.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                r = store.wait_until_ready() => {
+                    if r.is_ok() {
+                        tracing::info!(cache = what, "Kubernetes cache synced");
+                    }
+                }
+            }
+        });
+    }
+    tokio::spawn(async move {
+        let mut last_error: Option<String> = None;
+        let events = stream.default_backoff().reflect(writer);
+        tokio::pin!(events);
+        loop {
+            let next = tokio::select! {
+                _ = stop.cancelled() => return,
+                n = events.next() => n,
+            };
+            match next {
+                None => return,
+                Some(Ok(_)) => {
+                    if last_error.take().is_some() {
+                        tracing::info!(cache = what, "Kubernetes watch recovered");
+                    }
+                }
+                Some(Err(e)) => {
+                    let text = e.to_string();
+                    if last_error.as_deref() != Some(text.as_str()) {
+                        tracing::warn!(cache = what, cause = %text, "Kubernetes watch failed; retrying with backoff");
+                    }
+                    last_error = Some(text);
+                }
+            }
+        }
+    });
+}

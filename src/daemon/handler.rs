@@ -15,6 +15,25 @@ use crate::result;
 use crate::selection;
 use crate::server::{Failure, FailureKind, Handler, Reply};
 
+/// Answers every CNI request with "no networks are configured" until the
+/// engine is configured.
+#[derive(Debug, Default)]
+pub struct Unconfigured;
+
+impl Handler for Unconfigured {
+    async fn cni(&self, _request: api::Request) -> Result<Reply, Failure> {
+        Err(Failure::new(
+            FailureKind::Failed,
+            code::INVALID_NETWORK_CONFIG,
+            "no networks are configured: set clusterNetwork in the daemon configuration",
+        ))
+    }
+
+    async fn delegate(&self, request: api::Request) -> Result<Reply, Failure> {
+        self.cni(request).await
+    }
+}
+
 /// Serves `/cni` with the engine and the static network configuration.
 #[derive(Debug, Clone)]
 pub struct Networks {

@@ -7,27 +7,44 @@
 //!
 //! # Architecture
 //!
+//! The folders read as the path a request takes through `plexusd`:
+//!
 //! ```text
 //! runtime -> plexus-shim --HTTP/1.1 over unix socket--> plexusd
-//!                                                         |
+//!
 //!   activation  listener from systemd (LISTEN_FDS) or a safe self-bind
 //!   server      accept loop, HTTP, routes, read timeouts, graceful drain
 //!   limit       open-connection cap and CNI admission (limit + FIFO queue)
+//!   handler     wire request -> validated call -> networks -> engine -> answer
 //!   selection   which networks a container gets, in which order, ifnames
 //!   cni         plugin chains per the CNI spec (engine), attachment records
+//!
+//! beside the path:
+//!   api         wire types, command names, CNI error codes (shared with the shim)
+//!   result      CNI result versions and conversions
+//!   config      daemon-config.json -> validated per-module configs
 //!   notify      sd_notify READY / STATUS / STOPPING / WATCHDOG
 //!   metrics     Prometheus registry and typed handles
-//!   config      daemon-config.json -> validated per-module configs
 //!   trust       paths the daemon writes must be out of other users' reach
 //!   daemon      composition root and lifecycle (the only module wiring others)
 //! ```
 //!
-//! Dependency direction: `api` depends on nothing (it holds the one table of
-//! CNI error codes, which `cni`, `result`, `server` and `shim` share);
-//! `server` knows nothing of
-//! systemd or CNI internals and calls the [`server::Handler`] trait; only
-//! `daemon` wires modules together; `shim` uses `api`, `result` and
-//! `duration` only (std-only modules, so the plugin stays small).
+//! Dependency direction: each module on the path depends only on those after
+//! it (and on the leaves beside it), never on one before it:
+//!
+//! - `api`, `duration`, `logging`, `metrics`, `notify` and `trust` depend on
+//!   no other module; `result` only on `api` (the one table of CNI error
+//!   codes, which `cni`, `result`, `server` and `shim` share).
+//! - `server` knows nothing of systemd, CNI or the engine: it calls the
+//!   [`server::Handler`] trait, which `handler` implements.
+//! - `handler` uses `selection`, `cni` and `result`; `cni` uses none of the
+//!   modules before it.
+//! - `config` builds each module's settings from the file and depends on
+//!   no lifecycle module (`daemon`, `handler`, `notify`).
+//! - only `daemon` wires modules together, and only the `plexusd` binary
+//!   uses `daemon`.
+//! - `shim` uses `api`, `result` and `duration` only (std-only modules, so
+//!   the plugin stays small).
 
 pub mod activation;
 pub mod api;
@@ -36,6 +53,7 @@ pub mod cni;
 pub mod config;
 pub mod daemon;
 pub mod duration;
+pub mod handler;
 pub mod limit;
 pub mod logging;
 pub mod metrics;

@@ -12,12 +12,9 @@ use tokio::net::{TcpListener, TcpSocket, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-mod handler;
-
-pub use self::handler::{Networks, Unconfigured};
-
 use crate::activation::{self, OwnedPath, PathState};
 use crate::config::{self, Lifecycle};
+use crate::handler::{Networks, Unconfigured};
 use crate::limit::{Admission, ConnectionLimit};
 use crate::metrics::Metrics;
 use crate::notify::{self, Notifier};

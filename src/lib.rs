@@ -21,6 +21,7 @@
 //!
 //! beside the path:
 //!   api         wire types, command names, CNI error codes (shared with the shim)
+//!   names       the spec's rules for container, network and interface names
 //!   result      CNI result versions and conversions
 //!   config      daemon-config.json -> validated per-module configs
 //!   notify      sd_notify READY / STATUS / STOPPING / WATCHDOG
@@ -32,13 +33,13 @@
 //! Dependency direction: each module on the path depends only on those after
 //! it (and on the leaves beside it), never on one before it:
 //!
-//! - `api`, `duration`, `logging`, `metrics`, `notify` and `trust` depend on
-//!   no other module; `result` only on `api` (the one table of CNI error
+//! - `api`, `duration`, `logging`, `metrics`, `names`, `notify` and `trust`
+//!   depend on no other module; `result` only on `api` (the one table of CNI error
 //!   codes, which `cni`, `result`, `server` and `shim` share).
 //! - `server` knows nothing of systemd, CNI or the engine: it calls the
 //!   [`server::Handler`] trait, which `handler` implements.
-//! - `handler` uses `selection`, `cni` and `result`; `cni` uses none of the
-//!   modules before it.
+//! - `handler` uses `selection`, `cni` and `result`; `selection` uses only
+//!   `names`, and `cni` none of the modules before it.
 //! - `config` builds each module's settings from the file and depends on
 //!   no lifecycle module (`daemon`, `handler`, `notify`).
 //! - only `daemon` wires modules together, and only the `plexusd` binary
@@ -57,6 +58,7 @@ pub mod handler;
 pub mod limit;
 pub mod logging;
 pub mod metrics;
+pub mod names;
 pub mod notify;
 pub mod result;
 pub mod selection;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use plexus::cli::{Args, Sub};
 use plexus::daemon::{self, Exit};
-use plexus::{cni, config};
+use plexus::{cni, config, names};
 
 /// EX_CONFIG: the configuration is wrong; systemd does not restart on it.
 const EXIT_CONFIG: u8 = 78;
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
 fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
     let store = cni::record::Store::at(&config.cni.state_dir);
     let ids = match container_id {
-        Some(id) if !cni::types::is_valid_name(id) => {
+        Some(id) if !names::is_valid_name(id) => {
             eprintln!("plexusd: {id:?} is not a valid container id");
             return ExitCode::FAILURE;
         }

@@ -169,16 +169,7 @@ impl Invocation {
     }
 }
 
-/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`, the spec's rule for container ids and
-/// network names. It also keeps ids safe as file names.
-pub fn is_valid_name(s: &str) -> bool {
-    let mut bytes = s.bytes();
-    match bytes.next() {
-        Some(b) if b.is_ascii_alphanumeric() => {}
-        _ => return false,
-    }
-    bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-}
+pub use crate::names::is_valid_name;
 
 pub fn validate_container_id(id: &str) -> Result<(), Invalid> {
     if id.is_empty() {
@@ -233,36 +224,9 @@ pub fn validate_env_value(key: &str, value: &str) -> Result<(), Invalid> {
     }
 }
 
-/// Interface names: non-empty, at most 15 bytes, not `.`/`..`, no `/`, `:`
-/// or whitespace (the kernel's and libcni's rules), and no control
-/// characters (the kernel takes them, but nothing can name such a link).
+/// Interface names, per [`crate::names::check_ifname`].
 pub fn validate_ifname(name: &str) -> Result<(), Invalid> {
-    if name.is_empty() {
-        return Err(Invalid::env("interface name is empty"));
-    }
-    if name.len() > 15 {
-        return Err(Invalid::env("interface name is too long").details(format!(
-            "interface name should be less than 16 characters: {name:?}"
-        )));
-    }
-    if name == "." || name == ".." {
-        return Err(Invalid::env("interface name is . or .."));
-    }
-    if name
-        .chars()
-        .any(|c| c == '/' || c == ':' || c.is_whitespace())
-    {
-        return Err(
-            Invalid::env("interface name contains / or : or whitespace characters")
-                .details(format!("{name:?}")),
-        );
-    }
-    if name.chars().any(char::is_control) {
-        return Err(
-            Invalid::env("interface name contains control characters").details(format!("{name:?}"))
-        );
-    }
-    Ok(())
+    crate::names::check_ifname(name).map_err(|e| Invalid::env(e.why).details(e.details))
 }
 
 /// Splits `CNI_ARGS` (`K=V;K2=V2`). Every pair must have exactly one `=`

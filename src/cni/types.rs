@@ -5,7 +5,6 @@
 //! it off the async runtime).
 
 use std::cmp::Ordering;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
@@ -24,49 +23,9 @@ pub const MAX_CONTAINER_ID: usize = 200;
 /// NAME_MAX minus the longest suffix and prefix put around an id.
 const _: () = assert!(MAX_CONTAINER_ID + 37 <= 255);
 
-/// The operations the engine runs (VERSION is answered by the shim).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Command {
-    Add,
-    Del,
-    Check,
-    Status,
-    Gc,
-}
-
-impl Command {
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "ADD" => Self::Add,
-            "DEL" => Self::Del,
-            "CHECK" => Self::Check,
-            "STATUS" => Self::Status,
-            "GC" => Self::Gc,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Add => "ADD",
-            Self::Del => "DEL",
-            Self::Check => "CHECK",
-            Self::Status => "STATUS",
-            Self::Gc => "GC",
-        }
-    }
-
-    /// Whether the call names one attachment (container id and ifname).
-    pub fn has_attachment(self) -> bool {
-        matches!(self, Self::Add | Self::Del | Self::Check)
-    }
-}
-
-impl fmt::Display for Command {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// The engine runs every command but VERSION (answered by the shim);
+/// [`Invocation::from_env`] refuses that one.
+pub use crate::api::Command;
 
 /// A validation failure: CNI code plus message (and optional details).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +75,7 @@ impl Invocation {
             return Err(Invalid::env("required env variable CNI_COMMAND is missing"));
         }
         let command = Command::parse(&raw)
+            .filter(|c| *c != Command::Version)
             .ok_or_else(|| Invalid::env(format!("unknown CNI_COMMAND: {raw}")))?;
         let container_id = get("CNI_CONTAINERID").unwrap_or_default();
         let netns = get("CNI_NETNS").unwrap_or_default();
@@ -728,6 +688,13 @@ mod tests {
         assert!(parse_args("=x").is_err());
         assert_eq!(parse_args("").unwrap(), vec![]);
         assert_eq!(parse_args("A=1;").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn version_should_be_refused_like_an_unknown_command() {
+        let err = Invocation::from_env(env(&[("CNI_COMMAND", "VERSION")])).unwrap_err();
+        assert_eq!(err.code, 4);
+        assert_eq!(err.msg, "unknown CNI_COMMAND: VERSION");
     }
 
     #[test]

@@ -208,6 +208,12 @@ impl Networks {
                 self.engine.gc(&valid, &lists).await.map_err(failure)?;
                 Ok(Reply::Done)
             }
+            // Refused by Invocation::from_env already; the plugin answers it.
+            Command::Version => Err(Failure::new(
+                FailureKind::InvalidRequest,
+                code::INVALID_ENVIRONMENT,
+                "VERSION is answered by the CNI plugin, not by the daemon",
+            )),
         }
     }
 

@@ -1,53 +1,53 @@
 //! Scenario 8: what the attachment record's fsyncs cost, counted in a
 //! running daemon and replayed in isolation.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::fs;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use plexus::cni::record::{self, Attachment, Delegate, Durability, Record, State, Store};
 use serde_json::json;
 
 use crate::procs::{self, poll, ChildGuard};
 use crate::report::{Section, Table};
-use crate::setup::{shim_call, start_daemon, tmpfs_dir, write_network, Network};
+use crate::setup::{shim_call, start_daemon, tmpfs_dir, write_network, Network, CNI_ARGS};
 use crate::stats::{fmt_ms, fmt_ms_f, ms, Samples};
 use crate::support::cni::Engine;
 use crate::support::daemon::TestDir;
 use crate::support::netns::Netns;
 use crate::{is_root, Counts};
 
-/// Writes `body` as a record save does: a temporary file, rename over the
-/// record; `sync` adds an fsync of the file before the rename and of the
-/// directory after it.
-fn record_save(dir: &Path, seq: usize, body: &[u8], sync: bool) -> io::Result<()> {
-    let tmp = dir.join(format!(".rec.{seq}.tmp"));
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(body)?;
-    if sync {
-        f.sync_all()?;
-    }
-    drop(f);
-    fs::rename(&tmp, dir.join("rec.json"))?;
-    if sync {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
-/// Removes the record; `sync` adds an fsync of the directory.
-fn record_remove(dir: &Path, sync: bool) -> io::Result<()> {
-    fs::remove_file(dir.join("rec.json"))?;
-    if sync {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+/// A loopback attachment's record as plexusd writes it once the ADD is
+/// done: the network as used, its result, the call's CNI_ARGS.
+fn loopback_record(container_id: &str, netns: &str) -> Record {
+    let mut record = Record::new(container_id);
+    record.attachments.push(Attachment {
+        ifname: "lo".into(),
+        netns: netns.into(),
+        cni_args: CNI_ARGS.into(),
+        capability_args: Default::default(),
+        delegates: vec![Delegate {
+            name: "lo".into(),
+            ifname: "lo".into(),
+            primary: true,
+            state: State::Added,
+            config: json!({
+                "cniVersion": "1.0.0",
+                "name": "lo",
+                "plugins": [{"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}],
+            }),
+            result: Some(json!({
+                "cniVersion": "1.0.0",
+                "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00", "sandbox": netns}],
+                "ips": [
+                    {"interface": 0, "address": "127.0.0.1/8"},
+                    {"interface": 0, "address": "::1/128"},
+                ],
+                "dns": {},
+            })),
+        }],
+    });
+    record
 }
 
 /// Whether every thread of `pid` is being traced.
@@ -160,8 +160,9 @@ pub fn record_io(sec: &mut Section, c: &Counts) {
 
     let scratch = TestDir::new("bench-records");
     let shm = tmpfs_dir("records");
-    // About the size of a loopback attachment record.
-    let body = vec![b'x'; 700];
+    // A container id as runtimes make them: 64 hex digits.
+    let record = loopback_record(&format!("{:064x}", 0xbe_u8), "/var/run/netns/plexus-bench");
+    let size = record::encoded_len(&record);
     let mut dirs = vec![(
         format!("temp dir ({})", std::env::temp_dir().display()),
         scratch.path.clone(),
@@ -172,14 +173,23 @@ pub fn record_io(sec: &mut Section, c: &Counts) {
     let mut t = Table::new(&["operation", "file system", "n", "p50", "p99", "max"]);
     let mut fsync_pair = None;
     for (label, dir) in &dirs {
+        // The daemon's own store, in <dir>/attachments.
+        let store = Store::open(dir).expect("open the record store");
         for sync in [true, false] {
+            let durability = if sync {
+                Durability::Synced
+            } else {
+                Durability::Atomic
+            };
             let (mut save, mut remove) = (Samples::new(), Samples::new());
-            for i in 0..c.record_io {
+            for _ in 0..c.record_io {
                 let t0 = Instant::now();
-                record_save(dir, i, &body, sync).expect("record save");
+                store.save(&record, durability).expect("record save");
                 save.push(t0.elapsed());
                 let t0 = Instant::now();
-                record_remove(dir, sync).expect("record remove");
+                store
+                    .remove(&record.container_id, durability)
+                    .expect("record remove");
                 remove.push(t0.elapsed());
             }
             let how = if sync {
@@ -188,7 +198,7 @@ pub fn record_io(sec: &mut Section, c: &Counts) {
                 "no fsync (atomic only)"
             };
             t.row(vec![
-                format!("save: temporary file, write, rename; {how}"),
+                format!("save: encode, temporary file, write, rename; {how}"),
                 label.clone(),
                 save.len().to_string(),
                 fmt_ms(save.p50()),
@@ -218,9 +228,9 @@ pub fn record_io(sec: &mut Section, c: &Counts) {
         }
     }
     sec.para(&format!(
-        "The building blocks of a record write, replayed in isolation ({} times each, a \
-         700-byte body, about a loopback record's size) on the file system of the stateDir \
-         used above and on tmpfs:",
+        "A record write and removal by plexusd's own record store (`Store::save` and \
+         `Store::remove`), replayed in isolation ({} times each, a loopback attachment's \
+         record of {size} bytes) on the file system of the stateDir used above and on tmpfs:",
         c.record_io
     ));
     sec.table(&t);

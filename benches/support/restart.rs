@@ -1,7 +1,7 @@
 //! Scenario 7: restart under load, with the repository's unit files.
 
 use std::collections::BTreeSet;
-use std::fs::{self};
+use std::fs;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -3,7 +3,7 @@
 //! networks, a running plexusd, scratch directories on tmpfs, and a tally
 //! of failed calls.
 
-use std::fs::{self};
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};

@@ -1,7 +1,7 @@
 //! Scenario 3: the shim alone (VERSION and the shim's own costs, dynamic
 //! and statically linked).
 
-use std::fs::{self};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Scenario 6: start and stop: exec to READY=1, and SIGTERM to exit.
 
 use std::fs::{self, File};
-use std::io::{self};
+use std::io;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

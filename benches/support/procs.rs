@@ -16,9 +16,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// `PATH` given to plugins and to the shim (runtimes pass a minimal one).
-pub const SYS_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
-
 /// One process execution: program, exact environment, stdin.
 #[derive(Debug, Clone)]
 pub struct Call {
@@ -76,13 +73,7 @@ impl Call {
     }
 
     fn command(&self) -> Command {
-        let mut cmd = Command::new(&self.program);
-        cmd.env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd
+        crate::support::shim::command(&self.program, self.env.iter().cloned())
     }
 
     /// Runs the call to completion, timed from spawn to exit.

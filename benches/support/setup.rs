@@ -8,40 +8,27 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::procs::{Call, Outcome, SYS_PATH};
+use crate::procs::{Call, Outcome};
 use crate::report::Section;
 use crate::support::cni::{self as cnisup, Engine};
 use crate::support::daemon::Daemon;
 
-pub const PLEXUSD: &str = env!("CARGO_BIN_EXE_plexusd");
-pub const SHIM: &str = env!("CARGO_BIN_EXE_plexus-shim");
-pub const CNI_BIN: &str = "/usr/lib/cni";
-pub const CNI_ARGS: &str = "IgnoreUnknown=1";
+pub use crate::support::cni::{DEFAULT_ARGS as CNI_ARGS, SYSTEM_PLUGINS as CNI_BIN};
+pub use crate::support::daemon::PLEXUSD;
+pub use crate::support::shim::SHIM;
+
 /// The daemon's log level in every scenario (its default).
 pub const LOG_LEVEL: &str = "info";
 
 /// The environment of one CNI call, as a runtime gives it to a plugin (and
-/// as plexusd gives it to the delegate: the CNI variables and `PATH`).
+/// as plexusd gives it to the delegate), with `CNI_ARGS` [`CNI_ARGS`].
 pub fn cni_env(
     command: &str,
     container_id: &str,
     netns: &str,
     ifname: &str,
 ) -> Vec<(String, String)> {
-    let mut env = vec![
-        ("CNI_COMMAND".to_string(), command.to_string()),
-        ("PATH".to_string(), SYS_PATH.to_string()),
-    ];
-    if command != "VERSION" {
-        env.extend([
-            ("CNI_CONTAINERID".to_string(), container_id.to_string()),
-            ("CNI_NETNS".to_string(), netns.to_string()),
-            ("CNI_IFNAME".to_string(), ifname.to_string()),
-            ("CNI_ARGS".to_string(), CNI_ARGS.to_string()),
-            ("CNI_PATH".to_string(), CNI_BIN.to_string()),
-        ]);
-    }
-    env
+    cnisup::call_env(command, container_id, netns, ifname, CNI_ARGS)
 }
 
 /// The shim's stdin: the runtime's view of the Plexus network.

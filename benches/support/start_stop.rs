@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::procs::{poll, unix_listening, ChildGuard, SYS_PATH};
+use crate::procs::{poll, unix_listening, ChildGuard};
 use crate::report::{met, Section, Table, Target};
 use crate::setup::{shim_call, write_network, Failures, Network, CNI_BIN, LOG_LEVEL, PLEXUSD};
 use crate::stats::{fmt_delta, fmt_ms, Samples};
 use crate::support::cni::Engine;
+use crate::support::cni::PLUGIN_PATH;
 use crate::support::http;
 use crate::support::netns::Netns;
 use crate::{is_root, Counts};
@@ -66,7 +67,7 @@ pub fn start_stop(sec: &mut Section, c: &Counts) {
         cmd.arg("--config")
             .arg(&cfg)
             .env_clear()
-            .env("PATH", SYS_PATH)
+            .env("PATH", PLUGIN_PATH)
             .env("NOTIFY_SOCKET", &notify_path)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -184,7 +185,7 @@ pub fn start_stop(sec: &mut Section, c: &Counts) {
                 .arg("--config")
                 .arg(&cfg)
                 .env_clear()
-                .env("PATH", SYS_PATH)
+                .env("PATH", PLUGIN_PATH)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
                 .stderr(log.try_clone().unwrap())

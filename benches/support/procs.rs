@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub use crate::support::daemon::poll;
+
 /// One process execution: program, exact environment, stdin.
 #[derive(Debug, Clone)]
 pub struct Call {
@@ -259,20 +261,6 @@ pub fn unix_listening(path: &Path) -> bool {
         let f: Vec<&str> = l.split_whitespace().collect();
         f.len() >= 8 && f[7] == want && f[3] == "00010000"
     })
-}
-
-/// Polls `cond` (every `step`) until it holds or `timeout` passes.
-pub fn poll(timeout: Duration, step: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        thread::sleep(step);
-    }
 }
 
 /// Runs a command and returns its trimmed stdout, if it succeeded.

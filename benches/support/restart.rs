@@ -3,7 +3,6 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::panic::{self, AssertUnwindSafe};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -12,74 +11,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::report::{met, Section, Table, Target};
-use crate::setup::{shim_call, Failures, Network, CNI_BIN, LOG_LEVEL, PLEXUSD};
+use crate::setup::{shim_call, Failures, Network, CNI_BIN, LOG_LEVEL};
 use crate::stats::{fmt_ms, Samples};
 use crate::support::http;
 use crate::support::netns::Netns;
-use crate::support::systemd::{self, Manager};
+use crate::support::systemd::{self, plexus_units, Manager, SERVICE_UNIT, SOCKET_UNIT};
 use crate::Counts;
-
-const SOCKET_UNIT: &str = "plexusd.socket";
-const SERVICE_UNIT: &str = "plexusd.service";
-
-fn replace_once(text: &str, from: &str, to: &str, unit: &str) -> String {
-    assert_eq!(
-        text.matches(from).count(),
-        1,
-        "{unit} no longer contains exactly one {from:?}"
-    );
-    text.replacen(from, to, 1)
-}
-
-/// The repository's units with what tests/systemd_units.rs substitutes:
-/// the socket path and ExecStart (a copy of the built plexusd in the work
-/// dir, outside /tmp because of PrivateTmp=yes), output to a log file (no
-/// journald here), and no start rate limit (we restart on purpose).
-fn plexus_units(work: &Path) -> (String, String) {
-    let unit = |name: &str| {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("systemd")
-            .join(name);
-        fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
-    };
-    let sock = work.join("sock/plexus.sock");
-    let socket = replace_once(
-        &unit(SOCKET_UNIT),
-        "/run/plexus/plexus.sock",
-        sock.to_str().unwrap(),
-        SOCKET_UNIT,
-    );
-    let bin = work.join("plexusd");
-    fs::copy(PLEXUSD, &bin).expect("copy plexusd into the work dir");
-    let exec = format!(
-        "ExecStart={} --config {}",
-        bin.display(),
-        work.join("daemon-config.json").display()
-    );
-    let mut service = replace_once(
-        &unit(SERVICE_UNIT),
-        "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json",
-        &exec,
-        SERVICE_UNIT,
-    );
-    service = replace_once(
-        &service,
-        "[Unit]\n",
-        "[Unit]\nStartLimitIntervalSec=0\n",
-        SERVICE_UNIT,
-    );
-    let log = work.join("plexusd.log");
-    service = replace_once(
-        &service,
-        "[Service]\n",
-        &format!(
-            "[Service]\nStandardOutput=append:{0}\nStandardError=append:{0}\n",
-            log.display()
-        ),
-        SERVICE_UNIT,
-    );
-    (socket, service)
-}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Load {
@@ -129,7 +66,7 @@ pub fn restart_under_load(sec: &mut Section, c: &Counts) {
         serde_json::to_vec_pretty(&cfg).unwrap(),
     )
     .unwrap();
-    let (socket, service) = plexus_units(&work);
+    let (socket, service) = plexus_units(&work, true);
     m.install_units(&[(SOCKET_UNIT, &socket), (SERVICE_UNIT, &service)]);
     m.systemctl_ok(&["start", SOCKET_UNIT]);
     let sock = work.join("sock/plexus.sock");

@@ -1,8 +1,7 @@
 //! A real `systemd --user` manager for integration tests, on machines whose
 //! PID 1 is not systemd (VMs, containers, CI runners).
 //!
-//! How one [`Manager`] isolates itself (see also
-//! /work/shared/reference/systemd.md section 9):
+//! How one [`Manager`] isolates itself:
 //!
 //! * Managers are serialised across threads and processes with an `flock` on
 //!   [`LOCK_FILE`]; under the lock, leftovers of killed test runs (cgroups and
@@ -35,6 +34,30 @@
 //!   foreign process moved into a systemd-made cgroup) and removal of the work
 //!   dir. Problems fail the test (unless it already failed: then the logs are
 //!   printed instead).
+//!
+//! Why it takes all that (each learned the hard way):
+//!
+//! * `systemd --user` refuses to start without `/run/systemd/system`, and
+//!   Debian maintainer scripts read that directory as "systemd is PID 1": it
+//!   may exist only inside the manager's mount namespace, never on the host.
+//! * A manager started from a process in `/init.scope` strips that suffix and
+//!   adopts the host's root cgroup, and can then move every process of the
+//!   machine into a new `init.scope` group of its own; hence the fresh
+//!   cgroups joined before `exec`, and the check that no foreign process
+//!   moved.
+//! * A root `systemd --user` that is not PID 1 logs to `/dev/console`, and
+//!   only if that is a tty (a plain file bind-mounted there receives
+//!   nothing); hence the pty. There is no journald either: units under test
+//!   need `StandardOutput=append:FILE` ([`plexus_units`] adds it).
+//! * `daemon-reload` refuses to run with less than 16 MiB free on
+//!   `/run/systemd`; the tmpfs mounts are 64 MiB (a tmpfs only uses what is
+//!   written).
+//! * `systemctl --user exit` needs `systemd-exit.service` with
+//!   `SuccessAction=exit-force` and `Slice=-.slice`, or it fails with
+//!   conflicting jobs; the minimal targets in `units/` provide it.
+//! * No D-Bus daemon is needed: `systemctl --user` talks to
+//!   `$XDG_RUNTIME_DIR/systemd/private` ("Failed to connect to system bus"
+//!   in the manager's log is harmless).
 //!
 //! Environment knobs: `PLEXUS_SYSTEMD_TESTS=0` skips, `PLEXUS_SYSTEMD_KEEP=1`
 //! keeps the work dir, `PLEXUS_SYSTEMD_LOG_LEVEL=debug` raises the manager's

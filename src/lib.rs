@@ -20,29 +20,35 @@
 //!   cni         plugin chains per the CNI spec (engine), attachment records
 //!
 //! beside the path:
+//!   shim        the CNI plugin: environment + stdin -> request -> CNI answer
 //!   api         wire types, command names, CNI error codes (shared with the shim)
 //!   names       the spec's rules for container, network and interface names
 //!   result      CNI result versions and conversions
+//!   duration    "10s"-style durations
 //!   config      daemon-config.json -> validated per-module configs
+//!   cli         plexusd's command line
+//!   logging     log level, file and stderr
 //!   notify      sd_notify READY / STATUS / STOPPING / WATCHDOG
 //!   metrics     Prometheus registry and typed handles
 //!   trust       paths the daemon writes must be out of other users' reach
 //!   daemon      composition root and lifecycle (the only module wiring others)
 //! ```
 //!
-//! Dependency direction: each module on the path depends only on those after
-//! it (and on the leaves beside it), never on one before it:
+//! Dependency direction:
 //!
+//! - Along the path, a module calls only modules after it. The one
+//!   reference back is by design: `server` calls the handler through its own
+//!   [`server::Handler`] trait, so `handler` uses `server` for that trait and
+//!   its reply types while `server` knows nothing of `handler`, the engine or
+//!   systemd. `selection` uses only `names`; `cni` uses none of the modules
+//!   before it.
 //! - `api`, `duration`, `logging`, `metrics`, `names`, `notify` and `trust`
-//!   depend on no other module; `result` only on `api` (the one table of CNI error
-//!   codes, which `cni`, `result`, `server` and `shim` share).
-//! - `server` knows nothing of systemd, CNI or the engine: it calls the
-//!   [`server::Handler`] trait, which `handler` implements.
-//! - `handler` uses `selection`, `cni` and `result`; `selection` uses only
-//!   `names`, and `cni` none of the modules before it.
-//! - `config` builds each module's settings from the file and depends on
-//!   no lifecycle module (`daemon`, `handler`, `notify`).
-//! - only `daemon` wires modules together, and only the `plexusd` binary
+//!   depend on no other module; `result` only on `api` (the one table of CNI
+//!   error codes, which `cni`, `result`, `server` and `shim` share).
+//! - `config` builds each module's settings from the file and depends on no
+//!   lifecycle module (`daemon`, `handler`, `notify`); `cli` only on
+//!   `config`.
+//! - Only `daemon` wires modules together, and only the `plexusd` binary
 //!   uses `daemon`.
 //! - `shim` uses `api`, `result` and `duration` only (std-only modules, so
 //!   the plugin stays small).

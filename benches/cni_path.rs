@@ -17,11 +17,23 @@
 //! creates (namespaces, links, temp dirs, processes) is owned by a guard
 //! and removed also when a scenario panics; a scenario that panics is
 //! reported as such and the others still run.
+//!
+//! Layout: this file holds the iteration counts, the scenario runner and
+//! the report's frame; `support/scenario_*.rs` one scenario each (in the
+//! report's order: sequential, shim, bursts with memory, start_stop,
+//! restart, records, floods); `support/setup.rs` what they share (call
+//! environments, networks, a running plexusd, tmpfs scratch dirs, failure
+//! tallies); `support/procs.rs` timed process runs and /proc readings,
+//! `support/flood.rs` raw client connections, `support/daemon_metrics.rs`
+//! the daemon's Prometheus text, `support/stats.rs` and
+//! `support/report.rs` numbers and markdown. The test harness
+//! (`tests/support/`) provides the engine setup, the daemon, the shim
+//! runner, network namespaces and the systemd manager.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-#[path = "support/bursts.rs"]
+#[path = "support/scenario_bursts.rs"]
 mod bursts;
 #[path = "support/daemon_metrics.rs"]
 mod daemon_metrics;
@@ -31,19 +43,19 @@ mod flood;
 mod floods;
 #[path = "support/procs.rs"]
 mod procs;
-#[path = "support/records.rs"]
+#[path = "support/scenario_records.rs"]
 mod records;
 #[path = "support/report.rs"]
 mod report;
-#[path = "support/restart.rs"]
+#[path = "support/scenario_restart.rs"]
 mod restart;
-#[path = "support/sequential.rs"]
+#[path = "support/scenario_sequential.rs"]
 mod sequential;
 #[path = "support/setup.rs"]
 mod setup;
-#[path = "support/shim_alone.rs"]
+#[path = "support/scenario_shim.rs"]
 mod shim_alone;
-#[path = "support/start_stop.rs"]
+#[path = "support/scenario_start_stop.rs"]
 mod start_stop;
 #[path = "support/stats.rs"]
 mod stats;

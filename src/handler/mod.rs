@@ -122,29 +122,8 @@ impl Networks {
         let config = parse_config(&request.config)?;
         match inv.command {
             Command::Add => {
-                let selected = selection::select(&self.selection, &inv.ifname, &requested)
-                    .map_err(|e| {
-                        Failure::new(
-                            FailureKind::InvalidRequest,
-                            code::INVALID_NETWORK_CONFIG,
-                            e.to_string(),
-                        )
-                    })?;
-                // Every network is loaded before anything runs.
-                let mut planned = Vec::with_capacity(selected.len());
-                for s in selected {
-                    let list = self.engine.load(&s.network).await.map_err(failure)?;
-                    planned.push(Planned {
-                        list,
-                        ifname: s.ifname,
-                        primary: s.primary,
-                    });
-                }
-                let cap_args = config
-                    .get("runtimeConfig")
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default();
+                let planned = self.plan(&inv.ifname, &requested).await.map_err(failure)?;
+                let cap_args = capability_args(&config);
                 let res = self
                     .engine
                     .add(&inv, cap_args, planned)
@@ -158,32 +137,10 @@ impl Networks {
                 Ok(Reply::Result(out))
             }
             Command::Del => {
-                let cap_args = config
-                    .get("runtimeConfig")
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default();
+                let cap_args = capability_args(&config);
                 // Called only when the container's record was damaged:
                 // the networks a runtime without records would DEL.
-                let configured = || async {
-                    let selected = selection::select(&self.selection, &inv.ifname, &requested)
-                        .map_err(|e| {
-                            cni::Error::new(
-                                ErrorKind::Invalid,
-                                code::INVALID_NETWORK_CONFIG,
-                                e.to_string(),
-                            )
-                        })?;
-                    let mut planned = Vec::with_capacity(selected.len());
-                    for s in selected {
-                        planned.push(Planned {
-                            list: self.engine.load(&s.network).await?,
-                            ifname: s.ifname,
-                            primary: s.primary,
-                        });
-                    }
-                    Ok(planned)
-                };
+                let configured = || self.plan(&inv.ifname, &requested);
                 self.engine
                     .del(&inv, cap_args, configured)
                     .await
@@ -217,12 +174,46 @@ impl Networks {
         }
     }
 
+    /// The networks a call for `ifname` gets (see [`selection::select`]),
+    /// every one loaded before anything runs.
+    async fn plan(
+        &self,
+        ifname: &str,
+        requested: &[selection::Element],
+    ) -> Result<Vec<Planned>, cni::Error> {
+        let selected = selection::select(&self.selection, ifname, requested).map_err(|e| {
+            cni::Error::new(
+                ErrorKind::Invalid,
+                code::INVALID_NETWORK_CONFIG,
+                e.to_string(),
+            )
+        })?;
+        let mut planned = Vec::with_capacity(selected.len());
+        for s in selected {
+            planned.push(Planned {
+                list: self.engine.load(&s.network).await?,
+                ifname: s.ifname,
+                primary: s.primary,
+            });
+        }
+        Ok(planned)
+    }
+
     async fn cluster(&self) -> Result<cni::types::NetworkList, Failure> {
         self.engine
             .load(&self.selection.cluster_network)
             .await
             .map_err(failure)
     }
+}
+
+/// The runtime's capability arguments (`runtimeConfig`), none when absent.
+fn capability_args(config: &Map<String, Value>) -> Map<String, Value> {
+    config
+        .get("runtimeConfig")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn parse_config(bytes: &[u8]) -> Result<Map<String, Value>, Failure> {

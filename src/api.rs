@@ -1,5 +1,7 @@
 //! Wire types shared by the daemon and the shim: the multus thick-plugin
-//! protocol (`POST /cni` with `{"env", "config"}`) plus CNI error JSON.
+//! protocol (`POST /cni` with `{"env", "config"}`), the CNI commands, and
+//! CNI error JSON with its codes. Only std, serde and base64: the shim links
+//! it.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,7 @@
 //! Wire types shared by the daemon and the shim: the multus thick-plugin
-//! protocol (`POST /cni` with `{"env", "config"}`) plus CNI error JSON.
+//! protocol (`POST /cni` with `{"env", "config"}`), the CNI commands, and
+//! CNI error JSON with its codes. Only std, serde and base64: the shim links
+//! it.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +23,67 @@ pub const PATH_ATTACHMENTS: &str = "/attachments/";
 
 /// Largest request body the daemon accepts.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// A CNI command (`CNI_COMMAND`, exact upper case as in skel): the one list
+/// of command names for the shim, the server's metrics and the engine.
+/// The shim answers VERSION itself; the daemon refuses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+    Gc,
+    Status,
+    Version,
+}
+
+impl Command {
+    /// Every command, in the order of the spec.
+    pub const ALL: [Command; 6] = [
+        Self::Add,
+        Self::Del,
+        Self::Check,
+        Self::Gc,
+        Self::Status,
+        Self::Version,
+    ];
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == text)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Add => "ADD",
+            Self::Del => "DEL",
+            Self::Check => "CHECK",
+            Self::Gc => "GC",
+            Self::Status => "STATUS",
+            Self::Version => "VERSION",
+        }
+    }
+
+    /// Whether the call names one attachment (container id and ifname).
+    pub fn has_attachment(self) -> bool {
+        matches!(self, Self::Add | Self::Del | Self::Check)
+    }
+
+    /// Oldest config version the command exists in (CNI spec; skel refuses
+    /// older configs with code 1).
+    pub fn min_version(self) -> Option<&'static str> {
+        match self {
+            Self::Check => Some("0.4.0"),
+            Self::Gc | Self::Status => Some("1.1.0"),
+            Self::Add | Self::Del | Self::Version => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// The CNI error codes of the whole crate (CNI spec, "Error"; libcni for
 /// 999): the daemon, the engine and the shim all report with these.
@@ -179,6 +242,17 @@ mod tests {
     #[test]
     fn request_with_bad_base64_should_fail() {
         assert!(serde_json::from_str::<Request>(r#"{"config":"!!"}"#).is_err());
+    }
+
+    #[test]
+    fn commands_should_parse_their_own_names_only() {
+        for c in Command::ALL {
+            assert_eq!(Command::parse(c.as_str()), Some(c));
+            assert_eq!(c.to_string(), c.as_str());
+        }
+        for bad in ["", "add", "Add", "ADD ", "DELETE"] {
+            assert_eq!(Command::parse(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

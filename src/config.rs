@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::{activation, api, cni, daemon, duration, limit, logging, selection, server, trust};
+use crate::{activation, api, cni, duration, limit, logging, selection, server, trust};
 
 /// Where the daemon looks for its configuration by default.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/plexus/daemon-config.json";
@@ -127,6 +127,25 @@ impl fmt::Display for Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Settings of the daemon's lifecycle (stop, idle exit, metrics port).
+///
+/// Defined here rather than in `daemon`: the configuration depends only on
+/// the leaf modules whose settings it builds, never on the module that
+/// wires them together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// How long open connections and CNI work in flight may take to finish
+    /// after a stop request.
+    pub shutdown_timeout: Duration,
+    /// Exit after this long without connections, requests or CNI work
+    /// (off: `None`).
+    pub idle_timeout: Option<Duration>,
+    /// TCP port for `/metrics` besides the unix socket (off: `None`).
+    pub metrics_port: Option<u16>,
+    /// Address the metrics port listens on.
+    pub metrics_bind_address: IpAddr,
+}
+
 /// The validated configuration, split by the module that uses it.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -136,14 +155,12 @@ pub struct Config {
     pub limit: limit::Config,
     pub server: server::Config,
     pub logging: logging::Config,
-    pub daemon: daemon::Config,
+    pub lifecycle: Lifecycle,
     pub cni: cni::Config,
     /// The static networks; `None` when `clusterNetwork` is not set.
     pub selection: Option<selection::Config>,
     /// Keys that are neither Plexus nor multus keys (probably typos).
     pub unknown_keys: Vec<String>,
-    /// The file's top-level object, kept for the per-request overlay.
-    pub raw: Map<String, Value>,
 }
 
 impl Config {
@@ -275,7 +292,7 @@ impl Config {
                 file: log_file,
                 to_stderr: log_to_stderr,
             },
-            daemon: daemon::Config {
+            lifecycle: Lifecycle {
                 shutdown_timeout,
                 idle_timeout,
                 metrics_port,
@@ -292,7 +309,6 @@ impl Config {
                 default_networks,
             }),
             unknown_keys,
-            raw,
         })
     }
 }
@@ -582,17 +598,20 @@ mod tests {
         assert_eq!(c.limit.queue_timeout, DEFAULT_QUEUE_TIMEOUT);
         assert_eq!(c.limit.max_connections.get(), DEFAULT_MAX_CONNECTIONS);
         assert_eq!(c.server.read_timeout, DEFAULT_READ_TIMEOUT);
-        assert_eq!(c.daemon.shutdown_timeout, DEFAULT_SHUTDOWN_TIMEOUT);
-        assert_eq!(c.daemon.idle_timeout, None);
+        assert_eq!(c.lifecycle.shutdown_timeout, DEFAULT_SHUTDOWN_TIMEOUT);
+        assert_eq!(c.lifecycle.idle_timeout, None);
         assert!(c.logging.to_stderr);
-        assert_eq!(c.daemon.metrics_bind_address, DEFAULT_METRICS_BIND_ADDRESS);
+        assert_eq!(
+            c.lifecycle.metrics_bind_address,
+            DEFAULT_METRICS_BIND_ADDRESS
+        );
     }
 
     #[test]
     fn metrics_bind_address_should_parse_and_bad_ones_fail() {
         let c = parse(r#"{"metricsPort":9091,"metricsBindAddress":"::"}"#).unwrap();
         assert_eq!(
-            c.daemon.metrics_bind_address,
+            c.lifecycle.metrics_bind_address,
             "::".parse::<IpAddr>().unwrap()
         );
         let err = parse(r#"{"metricsBindAddress":"localhost"}"#).unwrap_err();
@@ -719,13 +738,16 @@ mod tests {
     #[test]
     fn zero_idle_timeout_should_mean_off() {
         assert_eq!(
-            parse(r#"{"idleTimeout":"0"}"#).unwrap().daemon.idle_timeout,
+            parse(r#"{"idleTimeout":"0"}"#)
+                .unwrap()
+                .lifecycle
+                .idle_timeout,
             None
         );
         assert_eq!(
             parse(r#"{"idleTimeout":"3s"}"#)
                 .unwrap()
-                .daemon
+                .lifecycle
                 .idle_timeout,
             Some(Duration::from_secs(3))
         );

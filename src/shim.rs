@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::api::{self, code, CniError};
+use crate::api::{self, code, CniError, Command};
 use crate::{duration, result};
 
 /// Config key: directory of `plexus.sock` (the multus shim's key).
@@ -67,52 +67,6 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 const MAX_RESPONSE_BODY_BYTES: usize = 4 << 20;
 /// How much of a plain-text error body goes into the CNI error message.
 const MAX_QUOTED_BODY_CHARS: usize = 4096;
-
-/// A CNI command (`CNI_COMMAND`, exact upper case as in skel).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Command {
-    Add,
-    Del,
-    Check,
-    Gc,
-    Status,
-    Version,
-}
-
-impl Command {
-    pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "ADD" => Self::Add,
-            "DEL" => Self::Del,
-            "CHECK" => Self::Check,
-            "GC" => Self::Gc,
-            "STATUS" => Self::Status,
-            "VERSION" => Self::Version,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Add => "ADD",
-            Self::Del => "DEL",
-            Self::Check => "CHECK",
-            Self::Gc => "GC",
-            Self::Status => "STATUS",
-            Self::Version => "VERSION",
-        }
-    }
-
-    /// Oldest config version the command exists in (CNI spec; skel refuses
-    /// older configs with code 1).
-    fn min_version(self) -> Option<&'static str> {
-        match self {
-            Self::Check => Some("0.4.0"),
-            Self::Gc | Self::Status => Some("1.1.0"),
-            _ => None,
-        }
-    }
-}
 
 /// What the shim reads from its own network config (stdin).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -298,12 +252,12 @@ fn call(
                 format!(
                     "config version {} does not allow {}",
                     config.cni_version,
-                    command.name()
+                    command.as_str()
                 ),
             )
             .with_details(format!(
                 "{} needs cniVersion {min} or later",
-                command.name()
+                command.as_str()
             )));
         }
     }

@@ -16,70 +16,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::http::{self, Response};
-use support::systemd::{analyze_offline, skip_reason, Manager, ScratchDir};
+use support::systemd::{
+    analyze_offline, plexus_units, skip_reason, Manager, ScratchDir, SERVICE_UNIT as SERVICE,
+    SOCKET_UNIT as SOCKET,
+};
 
-const SOCKET: &str = "plexusd.socket";
-const SERVICE: &str = "plexusd.service";
-const REPO_SOCKET_PATH: &str = "/run/plexus/plexus.sock";
-const REPO_EXEC_START: &str = "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json";
 const STATE_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn repo_unit(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("systemd")
-        .join(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-fn replace_once(text: &str, from: &str, to: &str, unit: &str) -> String {
-    assert_eq!(
-        text.matches(from).count(),
-        1,
-        "{unit} no longer contains exactly one {from:?}; update the test's substitutions"
-    );
-    text.replacen(from, to, 1)
-}
-
-/// Inserts `lines` right after the `[section]` header.
-fn add_to_section(text: &str, section: &str, lines: &str, unit: &str) -> String {
-    let header = format!("[{section}]\n");
-    replace_once(text, &header, &format!("{header}{lines}"), unit)
-}
-
-/// The repository's units with only the paths substituted: the socket node
-/// and the config in `work`, ExecStart the built binary. With `for_manager`,
-/// output goes to `<work>/plexusd.log` (there is no journald) and the start
-/// rate limit is off (the tests restart on purpose).
-fn plexus_units(work: &Path, for_manager: bool) -> (String, String) {
-    let sock = work.join("sock/plexus.sock");
-    let socket = replace_once(
-        &repo_unit(SOCKET),
-        REPO_SOCKET_PATH,
-        sock.to_str().unwrap(),
-        SOCKET,
-    );
-    // The unit runs with PrivateTmp=yes: a binary built under /tmp (a
-    // checkout there) would be invisible to it, so run a copy from the
-    // work dir, which is outside /tmp.
-    let bin = work.join("plexusd");
-    std::fs::copy(env!("CARGO_BIN_EXE_plexusd"), &bin).expect("copy plexusd into the work dir");
-    let exec = format!(
-        "ExecStart={} --config {}",
-        bin.display(),
-        work.join("daemon-config.json").display()
-    );
-    let mut service = replace_once(&repo_unit(SERVICE), REPO_EXEC_START, &exec, SERVICE);
-    if for_manager {
-        let log = work.join("plexusd.log");
-        service = add_to_section(&service, "Unit", "StartLimitIntervalSec=0\n", SERVICE);
-        let output = format!(
-            "StandardOutput=append:{0}\nStandardError=append:{0}\n",
-            log.display()
-        );
-        service = add_to_section(&service, "Service", &output, SERVICE);
-    }
-    (socket, service)
-}
 
 /// A manager with the plexus units installed and `config` (merged over the
 /// default `socketDir`/`logLevel`) as daemon-config.json.

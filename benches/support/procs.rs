@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// `PATH` given to plugins and to the shim (runtimes pass a minimal one).
-pub const SYS_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+pub use crate::support::daemon::poll;
 
 /// One process execution: program, exact environment, stdin.
 #[derive(Debug, Clone)]
@@ -76,13 +75,7 @@ impl Call {
     }
 
     fn command(&self) -> Command {
-        let mut cmd = Command::new(&self.program);
-        cmd.env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd
+        crate::support::shim::command(&self.program, self.env.iter().cloned())
     }
 
     /// Runs the call to completion, timed from spawn to exit.
@@ -268,20 +261,6 @@ pub fn unix_listening(path: &Path) -> bool {
         let f: Vec<&str> = l.split_whitespace().collect();
         f.len() >= 8 && f[7] == want && f[3] == "00010000"
     })
-}
-
-/// Polls `cond` (every `step`) until it holds or `timeout` passes.
-pub fn poll(timeout: Duration, step: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        thread::sleep(step);
-    }
 }
 
 /// Runs a command and returns its trimmed stdout, if it succeeded.

@@ -14,17 +14,19 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{json, Value};
 
+use crate::daemon_metrics::{metric, metrics_text};
 use crate::flood::{self, fds_without_clients, Fds, Fill, Flood};
 use crate::procs::{poll, status_kib};
 use crate::report::{met, Section, Table, Target};
+use crate::setup::{
+    cni_env, shim_call, shim_stdin, start_daemon, tmpfs_dir, write_network, Failures, Network,
+    CNI_ARGS, CNI_BIN,
+};
 use crate::stats::{fmt_kib, fmt_ms, Samples};
 use crate::support::cni::Engine;
 use crate::support::http;
 use crate::support::netns::Netns;
-use crate::{
-    cni_env, metric, metrics_text, shim_call, shim_stdin, start_daemon, tmpfs_dir, write_network,
-    Counts, Failures, Network, CNI_ARGS, CNI_BIN,
-};
+use crate::Counts;
 
 /// The cap of the idle-flood daemon.
 const MAX_CONNECTIONS: usize = 64;

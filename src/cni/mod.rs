@@ -55,8 +55,9 @@ use self::parts::{PluginRunner, Records};
 use self::record::{
     Attachment, Delegate, Durability, Held, Locks, MarkerState, Markers, Record, State, Store,
 };
-use self::types::{at_least, negotiate, Command, Invocation, NetworkList};
+use self::types::{at_least, negotiate, Invocation, NetworkList};
 use crate::api::code;
+use crate::api::Command;
 use crate::metrics::Metrics;
 use crate::result;
 

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::exec::{Group, Journal};
-use super::types::is_valid_name;
+use crate::names::is_valid_name;
 
 /// The `kind` of a record file; readers refuse other kinds.
 pub const KIND: &str = "plexusAttachmentsV1";

@@ -5,12 +5,11 @@
 //! [`super::confdir`]'s job.
 
 use std::cmp::Ordering;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use crate::api::code;
+use crate::api::{code, Command};
 use crate::result;
 
 /// Longest container id accepted, in bytes. Every file name the engine
@@ -24,49 +23,8 @@ pub const MAX_CONTAINER_ID: usize = 200;
 /// NAME_MAX minus the longest suffix and prefix put around an id.
 const _: () = assert!(MAX_CONTAINER_ID + 37 <= 255);
 
-/// The operations the engine runs (VERSION is answered by the shim).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Command {
-    Add,
-    Del,
-    Check,
-    Status,
-    Gc,
-}
-
-impl Command {
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "ADD" => Self::Add,
-            "DEL" => Self::Del,
-            "CHECK" => Self::Check,
-            "STATUS" => Self::Status,
-            "GC" => Self::Gc,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Add => "ADD",
-            Self::Del => "DEL",
-            Self::Check => "CHECK",
-            Self::Status => "STATUS",
-            Self::Gc => "GC",
-        }
-    }
-
-    /// Whether the call names one attachment (container id and ifname).
-    pub fn has_attachment(self) -> bool {
-        matches!(self, Self::Add | Self::Del | Self::Check)
-    }
-}
-
-impl fmt::Display for Command {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+// The engine runs every command but VERSION (answered by the shim);
+// [`Invocation::from_env`] refuses that one.
 
 /// A validation failure: CNI code plus message (and optional details).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +74,7 @@ impl Invocation {
             return Err(Invalid::env("required env variable CNI_COMMAND is missing"));
         }
         let command = Command::parse(&raw)
+            .filter(|c| *c != Command::Version)
             .ok_or_else(|| Invalid::env(format!("unknown CNI_COMMAND: {raw}")))?;
         let container_id = get("CNI_CONTAINERID").unwrap_or_default();
         let netns = get("CNI_NETNS").unwrap_or_default();
@@ -169,16 +128,7 @@ impl Invocation {
     }
 }
 
-/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`, the spec's rule for container ids and
-/// network names. It also keeps ids safe as file names.
-pub fn is_valid_name(s: &str) -> bool {
-    let mut bytes = s.bytes();
-    match bytes.next() {
-        Some(b) if b.is_ascii_alphanumeric() => {}
-        _ => return false,
-    }
-    bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-}
+use crate::names::is_valid_name;
 
 pub fn validate_container_id(id: &str) -> Result<(), Invalid> {
     if id.is_empty() {
@@ -233,36 +183,9 @@ pub fn validate_env_value(key: &str, value: &str) -> Result<(), Invalid> {
     }
 }
 
-/// Interface names: non-empty, at most 15 bytes, not `.`/`..`, no `/`, `:`
-/// or whitespace (the kernel's and libcni's rules), and no control
-/// characters (the kernel takes them, but nothing can name such a link).
+/// Interface names, per [`crate::names::check_ifname`].
 pub fn validate_ifname(name: &str) -> Result<(), Invalid> {
-    if name.is_empty() {
-        return Err(Invalid::env("interface name is empty"));
-    }
-    if name.len() > 15 {
-        return Err(Invalid::env("interface name is too long").details(format!(
-            "interface name should be less than 16 characters: {name:?}"
-        )));
-    }
-    if name == "." || name == ".." {
-        return Err(Invalid::env("interface name is . or .."));
-    }
-    if name
-        .chars()
-        .any(|c| c == '/' || c == ':' || c.is_whitespace())
-    {
-        return Err(
-            Invalid::env("interface name contains / or : or whitespace characters")
-                .details(format!("{name:?}")),
-        );
-    }
-    if name.chars().any(char::is_control) {
-        return Err(
-            Invalid::env("interface name contains control characters").details(format!("{name:?}"))
-        );
-    }
-    Ok(())
+    crate::names::check_ifname(name).map_err(|e| Invalid::env(e.why).details(e.details))
 }
 
 /// Splits `CNI_ARGS` (`K=V;K2=V2`). Every pair must have exactly one `=`
@@ -697,6 +620,13 @@ mod tests {
         assert!(parse_args("=x").is_err());
         assert_eq!(parse_args("").unwrap(), vec![]);
         assert_eq!(parse_args("A=1;").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn version_should_be_refused_like_an_unknown_command() {
+        let err = Invocation::from_env(env(&[("CNI_COMMAND", "VERSION")])).unwrap_err();
+        assert_eq!(err.code, 4);
+        assert_eq!(err.msg, "unknown CNI_COMMAND: VERSION");
     }
 
     #[test]

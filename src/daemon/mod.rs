@@ -1,8 +1,10 @@
-//! Composition root and lifecycle: wires the modules together, owns the
-//! signals, readiness, the status line, the watchdog and the drain.
+//! Composition root and lifecycle: the only module that wires the others
+//! together (configuration, listeners, server, admission, handler, engine,
+//! metrics, notifications); it owns the signals, readiness, the status
+//! line, the watchdog and the drain.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -10,40 +12,188 @@ use tokio::net::{TcpListener, TcpSocket, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-mod handler;
-
-pub use handler::Networks;
-
 use crate::activation::{self, OwnedPath, PathState};
-use crate::api::{self, code};
+use crate::config::{self, Lifecycle};
+use crate::handler::{Networks, Unconfigured};
 use crate::limit::{Admission, ConnectionLimit};
 use crate::metrics::Metrics;
-use crate::notify::Notifier;
-use crate::server::{self, Failure, FailureKind, Handler, Reply, Shared};
+use crate::notify::{self, Notifier};
+use crate::server::{self, Handler, Shared};
+use crate::{cni, logging};
 
-/// Settings of the lifecycle.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Config {
-    /// How long open connections and CNI work in flight may take to finish
-    /// after a stop request.
-    pub shutdown_timeout: Duration,
-    /// Exit after this long without connections, requests or CNI work
-    /// (off: `None`).
-    pub idle_timeout: Option<Duration>,
-    /// TCP port for `/metrics` besides the unix socket (off: `None`).
-    pub metrics_port: Option<u16>,
-    /// Address the metrics port listens on.
-    pub metrics_bind_address: IpAddr,
+/// How a start-up or a run of the daemon ended, for the process's exit
+/// status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Served, then stopped for this reason.
+    Stopped(StopReason),
+    /// The configuration (or the environment systemd passed) is wrong;
+    /// restarting will not help.
+    Config,
+    /// The operating system refused something the daemon needs.
+    Os,
+    /// Serving failed after start-up.
+    Failed,
+}
+
+/// Starts the daemon from a validated configuration and runs it until it
+/// stops. Start-up, in this order: path checks, logging, inherited sockets
+/// (before any thread exists), runtime, then everything else that can fail
+/// (metrics port, signal handlers, engine and state directory), and only
+/// then, last, the socket path is taken over in self-bind mode: a new
+/// daemon that fails leaves the one it would replace serving.
+///
+/// Must be called from the process's main thread before any other thread
+/// exists (it reads and clears `LISTEN_*`); blocks until the daemon stops.
+pub fn main(config: config::Config) -> Exit {
+    // Before any thread exists: this clears LISTEN_* from the environment.
+    // A refused activation is reported once logging is up.
+    let inherited = activation::inherited();
+    // socketDir is written only when binding the socket ourselves.
+    let activated = !matches!(inherited, Ok(None));
+    // Before anything is opened or created in them (the log file next).
+    if let Err(e) = config.check_paths(config::PathScope {
+        socket_dir: !activated,
+    }) {
+        eprintln!("plexusd: {e}");
+        return Exit::Config;
+    }
+    if let Err(e) = logging::init(&config.logging) {
+        eprintln!("plexusd: {:#}", anyhow::Error::from(e));
+        return Exit::Config;
+    }
+    for key in &config.unknown_keys {
+        warn!(file = %config.path.display(), key, "unknown configuration key is ignored");
+    }
+    let inherited = match inherited {
+        Ok(l) => l,
+        Err(e) => {
+            error!("{:#}", anyhow::Error::from(e));
+            return Exit::Config;
+        }
+    };
+    let notifier = Notifier::from_env().unwrap_or_else(|e| {
+        warn!(cause = %e, "NOTIFY_SOCKET is unusable; not notifying");
+        Notifier::disabled()
+    });
+    let watchdog = notify::watchdog_interval(
+        std::env::var(notify::ENV_WATCHDOG_USEC).ok().as_deref(),
+        std::env::var(notify::ENV_WATCHDOG_PID).ok().as_deref(),
+        std::process::id(),
+    );
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("plexusd")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            error!(cause = %e, "cannot start the async runtime");
+            return Exit::Os;
+        }
+    };
+    let _context = runtime.enter();
+    let prepared = match Prepared::new(&config.lifecycle) {
+        Ok(p) => p,
+        Err(e) => {
+            error!("{:#}", anyhow::Error::from(e));
+            return Exit::Os;
+        }
+    };
+    let metrics = Arc::new(Metrics::new());
+    let env = Environment {
+        notifier,
+        watchdog,
+        metrics: metrics.clone(),
+    };
+    let Some(selection) = config.selection.clone() else {
+        warn!("clusterNetwork is not set: CNI calls will fail until it is");
+        return serve(
+            &runtime,
+            config,
+            inherited,
+            prepared,
+            env,
+            Unconfigured,
+            || {},
+        );
+    };
+    // Blocking, on the main thread: creates the state directory.
+    let engine = match cni::Engine::new(config.cni.clone(), Some(metrics)) {
+        Ok(e) => Arc::new(e),
+        Err(e) => {
+            error!("{e}");
+            return Exit::Os;
+        }
+    };
+    // Again now that the state directory exists: one planted between the
+    // first check and its creation is caught.
+    if let Err(e) = config.check_paths(config::PathScope { socket_dir: false }) {
+        error!("{e}");
+        return Exit::Config;
+    }
+    let handler = Networks::new(engine, selection);
+    let check = handler.clone();
+    let rt = runtime.handle().clone();
+    serve(
+        &runtime,
+        config,
+        inherited,
+        prepared,
+        env,
+        handler,
+        move || {
+            // In the background: it runs each plugin's VERSION (warming the
+            // cache) and must not delay readiness.
+            rt.spawn(async move {
+            for problem in check.preflight().await {
+                warn!(%problem, "network check at start-up failed; ADD will fail until this is fixed");
+            }
+        });
+        },
+    )
+}
+
+/// Takes the listeners over (the last fallible start-up step), then runs
+/// `after_listen` and the daemon.
+fn serve<H: Handler>(
+    runtime: &tokio::runtime::Runtime,
+    config: config::Config,
+    inherited: Option<Vec<std::os::unix::net::UnixListener>>,
+    prepared: Prepared,
+    env: Environment,
+    handler: H,
+    after_listen: impl FnOnce(),
+) -> Exit {
+    let listening = match listen(&config.activation, inherited) {
+        Ok(l) => l,
+        Err(e) => {
+            let exit = match e {
+                StartError::Listen(_) => Exit::Config,
+                _ => Exit::Os,
+            };
+            error!("{:#}", anyhow::Error::from(e));
+            return exit;
+        }
+    };
+    after_listen();
+    match runtime.block_on(run(config, listening, prepared, env, handler)) {
+        Ok(reason) => Exit::Stopped(reason),
+        Err(e) => {
+            error!("{e:#}");
+            Exit::Failed
+        }
+    }
 }
 
 /// What the daemon inherits from its environment besides the config.
 #[derive(Debug)]
-pub struct Environment {
-    pub notifier: Notifier,
+struct Environment {
+    notifier: Notifier,
     /// Ping interval systemd expects (`WatchdogSec=`), if enabled.
-    pub watchdog: Option<Duration>,
+    watchdog: Option<Duration>,
     /// The registry every module reports into.
-    pub metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
 }
 
 /// Why the daemon stopped.
@@ -54,28 +204,9 @@ pub enum StopReason {
     TakenOver,
 }
 
-/// Answers every CNI request with "no networks are configured" until the
-/// engine is configured.
-#[derive(Debug, Default)]
-pub struct Unconfigured;
-
-impl Handler for Unconfigured {
-    async fn cni(&self, _request: api::Request) -> Result<Reply, Failure> {
-        Err(Failure::new(
-            FailureKind::Failed,
-            code::INVALID_NETWORK_CONFIG,
-            "no networks are configured: set clusterNetwork in the daemon configuration",
-        ))
-    }
-
-    async fn delegate(&self, request: api::Request) -> Result<Reply, Failure> {
-        self.cni(request).await
-    }
-}
-
 /// Why start-up failed (before anything was served).
 #[derive(Debug, thiserror::Error)]
-pub enum StartError {
+enum StartError {
     #[error("cannot listen on {addr} for metricsPort")]
     Metrics {
         addr: SocketAddr,
@@ -94,7 +225,7 @@ pub enum StartError {
 /// that can fail, so that a successor that fails leaves its predecessor
 /// serving.
 #[derive(Debug)]
-pub struct Prepared {
+struct Prepared {
     metrics: Option<TcpListener>,
     signals: Signals,
 }
@@ -102,7 +233,7 @@ pub struct Prepared {
 impl Prepared {
     /// Binds `metricsPort` and installs the signal handlers. Must run
     /// within the runtime's context (`Runtime::enter`).
-    pub fn new(config: &Config) -> Result<Self, StartError> {
+    fn new(config: &Lifecycle) -> Result<Self, StartError> {
         let metrics = match config.metrics_port {
             Some(port) => Some(bind_metrics(SocketAddr::new(
                 config.metrics_bind_address,
@@ -137,7 +268,7 @@ fn bind_metrics(addr: SocketAddr) -> Result<TcpListener, StartError> {
 /// The sockets to serve, registered with the runtime, and in self-bind
 /// mode the path this daemon took over.
 #[derive(Debug)]
-pub struct Listening {
+struct Listening {
     sockets: Vec<UnixListener>,
     owned: Option<OwnedPath>,
 }
@@ -146,7 +277,7 @@ pub struct Listening {
 /// self-bind mode binds a socket (privately), registers it and only then
 /// renames it over the socket path. Must run within the runtime's context,
 /// outside of any task (it blocks on the lock file).
-pub fn listen(
+fn listen(
     config: &activation::Config,
     inherited: Option<Vec<std::os::unix::net::UnixListener>>,
 ) -> Result<Listening, StartError> {
@@ -171,8 +302,8 @@ pub fn listen(
 }
 
 /// Runs the daemon until a stop request and the drain that follows.
-pub async fn run<H: Handler>(
-    config: crate::config::Config,
+async fn run<H: Handler>(
+    config: config::Config,
     listening: Listening,
     prepared: Prepared,
     env: Environment,
@@ -191,7 +322,7 @@ pub async fn run<H: Handler>(
     let stop_serving = CancellationToken::new();
     let reason = Arc::new(parking_reason());
     let connections = ConnectionLimit::new(&config.limit);
-    let grace = config.daemon.shutdown_timeout;
+    let grace = config.lifecycle.shutdown_timeout;
 
     let metrics_task = prepared.metrics.map(|listener| {
         tokio::spawn(server::serve_metrics(
@@ -221,7 +352,7 @@ pub async fn run<H: Handler>(
     if let Some(owned) = &owned {
         spawn_takeover_watch(owned.clone(), trigger.clone(), reason.clone(), restored_tx);
     }
-    if let Some(idle) = config.daemon.idle_timeout {
+    if let Some(idle) = config.lifecycle.idle_timeout {
         spawn_idle_watch(idle, shared.clone(), trigger.clone(), reason.clone());
     }
     let notifier = Arc::new(env.notifier);

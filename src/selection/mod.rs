@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use crate::cni::types::{is_valid_name, validate_ifname};
+use crate::names::{check_ifname, is_valid_name};
 
 /// The CNI_ARGS key a caller uses to ask for networks per call. Plexus
 /// consumes it: it is never passed on to the plugins.
@@ -108,8 +108,8 @@ pub fn parse_networks(value: &str) -> Result<Vec<Element>, Error> {
             ));
         }
         if let Some(i) = &interface {
-            if let Err(e) = validate_ifname(i) {
-                return Err(bad(&format!("interface {i:?}: {}", e.msg)));
+            if let Err(e) = check_ifname(i) {
+                return Err(bad(&format!("interface {i:?}: {e}")));
             }
         }
         out.push(Element {
@@ -214,11 +214,11 @@ pub fn select(
     let mut seen: std::collections::HashMap<&str, usize> =
         std::collections::HashMap::with_capacity(out.len());
     for (i, s) in out.iter().enumerate() {
-        if let Err(e) = validate_ifname(&s.ifname) {
+        if let Err(e) = check_ifname(&s.ifname) {
             return Err(Error::BadInterface {
                 network: s.label(),
                 ifname: s.ifname.clone(),
-                why: e.msg,
+                why: e.to_string(),
             });
         }
         if let Some(&first) = seen.get(s.ifname.as_str()) {

@@ -13,7 +13,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use tracing::{info_span, warn, Instrument};
 
 use super::{Call, Failure, FailureKind, Handler, Reply, Shared};
-use crate::api::{self, code, CniError};
+use crate::api::{self, code, CniError, Command};
 use crate::limit::BodyBytes;
 use crate::metrics::{LatencyLabels, MultusLabels, RejectLabels, RequestLabels};
 
@@ -69,13 +69,7 @@ impl Endpoint {
 /// Bounded label for a CNI command taken from a request.
 fn command_label(cmd: Option<&str>) -> &'static str {
     match cmd {
-        Some("ADD") => "ADD",
-        Some("DEL") => "DEL",
-        Some("CHECK") => "CHECK",
-        Some("GC") => "GC",
-        Some("STATUS") => "STATUS",
-        Some("VERSION") => "VERSION",
-        Some(_) => "other",
+        Some(c) => Command::parse(c).map_or("other", Command::as_str),
         None => "",
     }
 }

@@ -18,6 +18,8 @@ use super::shim::{self, Run};
 pub const SYSTEM_PLUGINS: &str = "/usr/lib/cni";
 /// `CNI_ARGS` host-local needs to accept the keys runtimes add.
 pub const DEFAULT_ARGS: &str = "IgnoreUnknown=1";
+/// `PATH` as runtimes give it to a plugin (a minimal one).
+pub const PLUGIN_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 /// What fake plugins answer to VERSION.
 pub const FAKE_VERSION: &str =
     r#"{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}"#;
@@ -225,15 +227,13 @@ impl Call {
     }
 
     pub fn env(&self) -> Vec<(String, String)> {
-        vec![
-            ("CNI_COMMAND".into(), self.command.clone()),
-            ("CNI_CONTAINERID".into(), self.container_id.clone()),
-            ("CNI_NETNS".into(), self.netns.clone()),
-            ("CNI_IFNAME".into(), self.ifname.clone()),
-            ("CNI_ARGS".into(), self.args.clone()),
-            ("CNI_PATH".into(), SYSTEM_PLUGINS.into()),
-            ("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into()),
-        ]
+        call_env(
+            &self.command,
+            &self.container_id,
+            &self.netns,
+            &self.ifname,
+            &self.args,
+        )
     }
 
     /// The shim's stdin: the runtime's view of the plexus network.
@@ -255,6 +255,33 @@ impl Call {
     pub fn run(&self, daemon: &Daemon) -> Run {
         shim::run(self.env(), &self.stdin(daemon))
     }
+}
+
+/// The environment of one CNI call, as a runtime gives it to a plugin (and
+/// plexusd to the plugins it runs): the CNI variables, with `CNI_PATH` the
+/// Debian plugins, and [`PLUGIN_PATH`]. VERSION gets only `CNI_COMMAND` and
+/// `PATH`.
+pub fn call_env(
+    command: &str,
+    container_id: &str,
+    netns: &str,
+    ifname: &str,
+    args: &str,
+) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("CNI_COMMAND".to_string(), command.to_string()),
+        ("PATH".to_string(), PLUGIN_PATH.to_string()),
+    ];
+    if command != "VERSION" {
+        env.extend([
+            ("CNI_CONTAINERID".to_string(), container_id.to_string()),
+            ("CNI_NETNS".to_string(), netns.to_string()),
+            ("CNI_IFNAME".to_string(), ifname.to_string()),
+            ("CNI_ARGS".to_string(), args.to_string()),
+            ("CNI_PATH".to_string(), SYSTEM_PLUGINS.to_string()),
+        ]);
+    }
+    env
 }
 
 /// A shim run in progress; killed and reaped on drop unless finished.

@@ -42,13 +42,27 @@ impl Drop for TestDir {
     }
 }
 
-/// Polls `cond` until it holds or `timeout` passes.
-pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+/// Polls `cond` (every `step`) until it holds or `timeout` passes; whether
+/// it held.
+pub fn poll(timeout: Duration, step: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(step);
     }
+}
+
+/// Polls `cond` until it holds; fails the test when `timeout` passes.
+pub fn wait_until(timeout: Duration, what: &str, cond: impl FnMut() -> bool) {
+    assert!(
+        poll(timeout, Duration::from_millis(5), cond),
+        "timed out waiting for {what}"
+    );
 }
 
 /// A running plexusd; killed on drop if still running.

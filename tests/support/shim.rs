@@ -42,6 +42,23 @@ impl Run {
     }
 }
 
+/// `program` as a runtime executes a CNI plugin: with exactly `env`
+/// (nothing inherited), stdin, stdout and stderr piped.
+pub fn command<I, K, V>(program: impl AsRef<OsStr>, env: I) -> Command
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<OsStr>,
+    V: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(program);
+    cmd.env_clear()
+        .envs(env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
 /// Starts the shim with exactly `env` (nothing inherited) and `stdin`.
 pub fn spawn<I, K, V>(env: I, stdin: &[u8]) -> Child
 where
@@ -49,14 +66,7 @@ where
     K: AsRef<OsStr>,
     V: AsRef<OsStr>,
 {
-    let mut child = Command::new(SHIM)
-        .env_clear()
-        .envs(env)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn plexus-shim");
+    let mut child = command(SHIM, env).spawn().expect("spawn plexus-shim");
     // The shim reads all of stdin before anything else; a write error
     // here would show up as a wrong answer below.
     let _ = child.stdin.take().unwrap().write_all(stdin);

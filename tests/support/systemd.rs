@@ -1,8 +1,7 @@
 //! A real `systemd --user` manager for integration tests, on machines whose
 //! PID 1 is not systemd (VMs, containers, CI runners).
 //!
-//! How one [`Manager`] isolates itself (see also
-//! /work/shared/reference/systemd.md section 9):
+//! How one [`Manager`] isolates itself:
 //!
 //! * Managers are serialised across threads and processes with an `flock` on
 //!   [`LOCK_FILE`]; under the lock, leftovers of killed test runs (cgroups and
@@ -35,6 +34,30 @@
 //!   foreign process moved into a systemd-made cgroup) and removal of the work
 //!   dir. Problems fail the test (unless it already failed: then the logs are
 //!   printed instead).
+//!
+//! Why it takes all that (each learned the hard way):
+//!
+//! * `systemd --user` refuses to start without `/run/systemd/system`, and
+//!   Debian maintainer scripts read that directory as "systemd is PID 1": it
+//!   may exist only inside the manager's mount namespace, never on the host.
+//! * A manager started from a process in `/init.scope` strips that suffix and
+//!   adopts the host's root cgroup, and can then move every process of the
+//!   machine into a new `init.scope` group of its own; hence the fresh
+//!   cgroups joined before `exec`, and the check that no foreign process
+//!   moved.
+//! * A root `systemd --user` that is not PID 1 logs to `/dev/console`, and
+//!   only if that is a tty (a plain file bind-mounted there receives
+//!   nothing); hence the pty. There is no journald either: units under test
+//!   need `StandardOutput=append:FILE` ([`plexus_units`] adds it).
+//! * `daemon-reload` refuses to run with less than 16 MiB free on
+//!   `/run/systemd`; the tmpfs mounts are 64 MiB (a tmpfs only uses what is
+//!   written).
+//! * `systemctl --user exit` needs `systemd-exit.service` with
+//!   `SuccessAction=exit-force` and `Slice=-.slice`, or it fails with
+//!   conflicting jobs; the minimal targets in `units/` provide it.
+//! * No D-Bus daemon is needed: `systemctl --user` talks to
+//!   `$XDG_RUNTIME_DIR/systemd/private` ("Failed to connect to system bus"
+//!   in the manager's log is harmless).
 //!
 //! Environment knobs: `PLEXUS_SYSTEMD_TESTS=0` skips, `PLEXUS_SYSTEMD_KEEP=1`
 //! keeps the work dir, `PLEXUS_SYSTEMD_LOG_LEVEL=debug` raises the manager's
@@ -105,17 +128,8 @@ pub fn skip_reason() -> Option<String> {
 }
 
 /// Polls `cond` every few milliseconds until it holds or `timeout` passes.
-pub fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        thread::sleep(POLL);
-    }
+pub fn poll_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+    super::daemon::poll(timeout, POLL, cond)
 }
 
 /// A running `systemd --user` manager in its own mount namespace and cgroups.
@@ -1060,4 +1074,76 @@ impl Console {
             eprintln!("systemd harness: console reader did not finish");
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// The repository's plexus units, adapted to a manager's work dir
+
+pub const SOCKET_UNIT: &str = "plexusd.socket";
+pub const SERVICE_UNIT: &str = "plexusd.service";
+const REPO_SOCKET_PATH: &str = "/run/plexus/plexus.sock";
+const REPO_EXEC_START: &str = "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json";
+
+fn repo_unit(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("systemd")
+        .join(name);
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+fn replace_once(text: &str, from: &str, to: &str, unit: &str) -> String {
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "{unit} no longer contains exactly one {from:?}; update the substitutions in \
+         tests/support/systemd.rs"
+    );
+    text.replacen(from, to, 1)
+}
+
+/// Inserts `lines` right after the `[section]` header.
+fn add_to_section(text: &str, section: &str, lines: &str, unit: &str) -> String {
+    let header = format!("[{section}]\n");
+    replace_once(text, &header, &format!("{header}{lines}"), unit)
+}
+
+/// The repository's units ([`SOCKET_UNIT`], [`SERVICE_UNIT`]) with only the
+/// paths substituted: the socket node and the config in `work`, ExecStart a
+/// copy of the built plexusd. With `for_manager`, output goes to
+/// `<work>/plexusd.log` (there is no journald) and the start rate limit is
+/// off (tests and the bench restart on purpose).
+pub fn plexus_units(work: &Path, for_manager: bool) -> (String, String) {
+    let sock = work.join("sock/plexus.sock");
+    let socket = replace_once(
+        &repo_unit(SOCKET_UNIT),
+        REPO_SOCKET_PATH,
+        sock.to_str().unwrap(),
+        SOCKET_UNIT,
+    );
+    // The unit runs with PrivateTmp=yes: a binary built under /tmp (a
+    // checkout there) would be invisible to it, so run a copy from the
+    // work dir, which is outside /tmp.
+    let bin = work.join("plexusd");
+    fs::copy(super::daemon::PLEXUSD, &bin).expect("copy plexusd into the work dir");
+    let exec = format!(
+        "ExecStart={} --config {}",
+        bin.display(),
+        work.join("daemon-config.json").display()
+    );
+    let mut service = replace_once(
+        &repo_unit(SERVICE_UNIT),
+        REPO_EXEC_START,
+        &exec,
+        SERVICE_UNIT,
+    );
+    if for_manager {
+        let log = work.join("plexusd.log");
+        service = add_to_section(&service, "Unit", "StartLimitIntervalSec=0\n", SERVICE_UNIT);
+        let output = format!(
+            "StandardOutput=append:{0}\nStandardError=append:{0}\n",
+            log.display()
+        );
+        service = add_to_section(&service, "Service", &output, SERVICE_UNIT);
+    }
+    (socket, service)
 }

@@ -8,12 +8,32 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use crate::api::Command;
 use crate::api::{self, code};
-use crate::cni::types::{self, Command, Invalid, Invocation};
+use crate::cni::types::{self, Invalid, Invocation};
 use crate::cni::{self, Engine, ErrorKind, Planned};
 use crate::result;
 use crate::selection;
 use crate::server::{Failure, FailureKind, Handler, Reply};
+
+/// Answers every CNI request with "no networks are configured" until the
+/// engine is configured.
+#[derive(Debug, Default)]
+pub struct Unconfigured;
+
+impl Handler for Unconfigured {
+    async fn cni(&self, _request: api::Request) -> Result<Reply, Failure> {
+        Err(Failure::new(
+            FailureKind::Failed,
+            code::INVALID_NETWORK_CONFIG,
+            "no networks are configured: set clusterNetwork in the daemon configuration",
+        ))
+    }
+
+    async fn delegate(&self, request: api::Request) -> Result<Reply, Failure> {
+        self.cni(request).await
+    }
+}
 
 /// Serves `/cni` with the engine and the static network configuration.
 #[derive(Debug, Clone)]
@@ -103,29 +123,8 @@ impl Networks {
         let config = parse_config(&request.config)?;
         match inv.command {
             Command::Add => {
-                let selected = selection::select(&self.selection, &inv.ifname, &requested)
-                    .map_err(|e| {
-                        Failure::new(
-                            FailureKind::InvalidRequest,
-                            code::INVALID_NETWORK_CONFIG,
-                            e.to_string(),
-                        )
-                    })?;
-                // Every network is loaded before anything runs.
-                let mut planned = Vec::with_capacity(selected.len());
-                for s in selected {
-                    let list = self.engine.load(&s.network).await.map_err(failure)?;
-                    planned.push(Planned {
-                        list,
-                        ifname: s.ifname,
-                        primary: s.primary,
-                    });
-                }
-                let cap_args = config
-                    .get("runtimeConfig")
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default();
+                let planned = self.plan(&inv.ifname, &requested).await.map_err(failure)?;
+                let cap_args = capability_args(&config);
                 let res = self
                     .engine
                     .add(&inv, cap_args, planned)
@@ -139,32 +138,10 @@ impl Networks {
                 Ok(Reply::Result(out))
             }
             Command::Del => {
-                let cap_args = config
-                    .get("runtimeConfig")
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default();
+                let cap_args = capability_args(&config);
                 // Called only when the container's record was damaged:
                 // the networks a runtime without records would DEL.
-                let configured = || async {
-                    let selected = selection::select(&self.selection, &inv.ifname, &requested)
-                        .map_err(|e| {
-                            cni::Error::new(
-                                ErrorKind::Invalid,
-                                code::INVALID_NETWORK_CONFIG,
-                                e.to_string(),
-                            )
-                        })?;
-                    let mut planned = Vec::with_capacity(selected.len());
-                    for s in selected {
-                        planned.push(Planned {
-                            list: self.engine.load(&s.network).await?,
-                            ifname: s.ifname,
-                            primary: s.primary,
-                        });
-                    }
-                    Ok(planned)
-                };
+                let configured = || self.plan(&inv.ifname, &requested);
                 self.engine
                     .del(&inv, cap_args, configured)
                     .await
@@ -189,7 +166,38 @@ impl Networks {
                 self.engine.gc(&valid, &lists).await.map_err(failure)?;
                 Ok(Reply::Done)
             }
+            // Refused by Invocation::from_env already; the plugin answers it.
+            Command::Version => Err(Failure::new(
+                FailureKind::InvalidRequest,
+                code::INVALID_ENVIRONMENT,
+                "VERSION is answered by the CNI plugin, not by the daemon",
+            )),
         }
+    }
+
+    /// The networks a call for `ifname` gets (see [`selection::select`]),
+    /// every one loaded before anything runs.
+    async fn plan(
+        &self,
+        ifname: &str,
+        requested: &[selection::Element],
+    ) -> Result<Vec<Planned>, cni::Error> {
+        let selected = selection::select(&self.selection, ifname, requested).map_err(|e| {
+            cni::Error::new(
+                ErrorKind::Invalid,
+                code::INVALID_NETWORK_CONFIG,
+                e.to_string(),
+            )
+        })?;
+        let mut planned = Vec::with_capacity(selected.len());
+        for s in selected {
+            planned.push(Planned {
+                list: self.engine.load(&s.network).await?,
+                ifname: s.ifname,
+                primary: s.primary,
+            });
+        }
+        Ok(planned)
     }
 
     async fn cluster(&self) -> Result<cni::types::NetworkList, Failure> {
@@ -198,6 +206,15 @@ impl Networks {
             .await
             .map_err(failure)
     }
+}
+
+/// The runtime's capability arguments (`runtimeConfig`), none when absent.
+fn capability_args(config: &Map<String, Value>) -> Map<String, Value> {
+    config
+        .get("runtimeConfig")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn parse_config(bytes: &[u8]) -> Result<Map<String, Value>, Failure> {

@@ -1,0 +1,199 @@
+//! What the scenarios share: the environment and stdin of a CNI call (as a
+//! runtime gives them to plexus-shim, and plexusd to a plugin), the
+//! networks, a running plexusd, scratch directories on tmpfs, and a tally
+//! of failed calls.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::procs::{Call, Outcome};
+use crate::report::Section;
+use crate::support::cni::{self as cnisup, Engine};
+use crate::support::daemon::Daemon;
+
+pub use crate::support::cni::{DEFAULT_ARGS as CNI_ARGS, SYSTEM_PLUGINS as CNI_BIN};
+pub use crate::support::daemon::PLEXUSD;
+pub use crate::support::shim::SHIM;
+
+/// The daemon's log level in every scenario (its default).
+pub const LOG_LEVEL: &str = "info";
+
+/// The environment of one CNI call, as a runtime gives it to a plugin (and
+/// as plexusd gives it to the delegate), with `CNI_ARGS` [`CNI_ARGS`].
+pub fn cni_env(
+    command: &str,
+    container_id: &str,
+    netns: &str,
+    ifname: &str,
+) -> Vec<(String, String)> {
+    cnisup::call_env(command, container_id, netns, ifname, CNI_ARGS)
+}
+
+/// The shim's stdin: the runtime's view of the Plexus network.
+pub fn shim_stdin(sock: &Path) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "cniVersion": "1.0.0",
+        "name": "plexus",
+        "type": "plexus-shim",
+        "socketPath": sock,
+        "timeout": "60s",
+    }))
+    .unwrap()
+}
+
+pub fn shim_call(sock: &Path, command: &str, cid: &str, netns: &str, ifname: &str) -> Call {
+    Call::new(SHIM, cni_env(command, cid, netns, ifname), shim_stdin(sock))
+}
+
+/// A network as Plexus sees it (a file in confDir) and as the direct
+/// baseline calls its one plugin.
+pub struct Network {
+    /// Name in confDir and for `clusterNetwork`.
+    pub name: String,
+    pub file: String,
+    pub config: Value,
+    /// The plugin the baseline executes.
+    pub plugin: PathBuf,
+    /// The plugin's stdin at ADD, as plexusd builds it: the plugin's entry
+    /// with the list's `name` and the negotiated `cniVersion`.
+    pub stdin: Value,
+    pub ifname: String,
+}
+
+impl Network {
+    pub fn loopback() -> Self {
+        let conf = json!({"cniVersion": "1.0.0", "name": "lo", "type": "loopback"});
+        Self {
+            name: "lo".into(),
+            file: "lo.conf".into(),
+            config: conf.clone(),
+            plugin: Path::new(CNI_BIN).join("loopback"),
+            stdin: conf,
+            ifname: "lo".into(),
+        }
+    }
+
+    pub fn bridge(bridge: &str, ipam: Value) -> Self {
+        let entry = cnisup::bridge(bridge, ipam);
+        let name = "plexus-bench-br";
+        let mut stdin = entry.clone();
+        stdin["name"] = json!(name);
+        stdin["cniVersion"] = json!("1.0.0");
+        Self {
+            name: name.into(),
+            file: "10-bench-br.conflist".into(),
+            config: cnisup::conflist(name, "1.0.0", vec![entry]),
+            plugin: Path::new(CNI_BIN).join("bridge"),
+            stdin,
+            ifname: "eth0".into(),
+        }
+    }
+
+    /// The direct call: ADD with the conf, DEL with the ADD's result as
+    /// `prevResult` (as plexusd does from its record).
+    pub fn direct(&self, command: &str, cid: &str, netns: &str, prev: Option<&Value>) -> Call {
+        let mut stdin = self.stdin.clone();
+        if let Some(p) = prev {
+            stdin["prevResult"] = p.clone();
+        }
+        Call::new(
+            &self.plugin,
+            cni_env(command, cid, netns, &self.ifname),
+            serde_json::to_vec(&stdin).unwrap(),
+        )
+    }
+}
+
+/// Starts plexusd on `engine` with `network` as the cluster network and
+/// waits for READY=1. `extra` is merged into the config.
+pub fn start_daemon(
+    engine: &Engine,
+    tag: &str,
+    network: &Network,
+    state_dir: &Path,
+    extra: Value,
+) -> Daemon {
+    let mut cfg = json!({
+        "confDir": engine.conf_dir,
+        "binDir": CNI_BIN,
+        "stateDir": state_dir,
+        "clusterNetwork": network.name,
+        "logLevel": LOG_LEVEL,
+        "socketDir": engine.dir.join(&format!("sock-{tag}")),
+    });
+    for (k, v) in extra.as_object().expect("extra config object") {
+        cfg[k] = v.clone();
+    }
+    let mut d = Daemon::start(&engine.dir, tag, cfg);
+    d.ready();
+    d
+}
+
+pub fn write_network(engine: &Engine, net: &Network) {
+    engine.write_network(&net.file, &net.config);
+}
+
+/// Failed calls: how many, and the first few messages.
+#[derive(Default)]
+pub struct Failures {
+    pub count: usize,
+    pub first: Vec<String>,
+}
+
+impl Failures {
+    pub fn note(&mut self, what: &str, o: &Outcome) {
+        if !o.ok() {
+            self.count += 1;
+            if self.first.len() < 3 {
+                self.first.push(format!("{what}: {}", o.describe()));
+            }
+        }
+    }
+
+    pub fn note_msg(&mut self, msg: String) {
+        self.count += 1;
+        if self.first.len() < 3 {
+            self.first.push(msg);
+        }
+    }
+
+    pub fn report(&self, sec: &mut Section, what: &str) {
+        if self.count > 0 {
+            sec.para(&format!(
+                "**{} failed {what} call(s).** First: {}",
+                self.count,
+                self.first.join(" / ")
+            ));
+        }
+    }
+}
+
+/// A directory removed on drop (for paths outside a [`TestDir`]).
+pub struct RemoveDir(pub PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh directory on tmpfs (/dev/shm), if there is one.
+pub fn tmpfs_dir(tag: &str) -> Option<RemoveDir> {
+    let mounts = fs::read_to_string("/proc/mounts").ok()?;
+    let is_tmpfs = mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 2 && f[1] == "/dev/shm" && f[2] == "tmpfs"
+    });
+    if !is_tmpfs {
+        return None;
+    }
+    let p = PathBuf::from(format!(
+        "/dev/shm/plexus-bench-{}-{tag}",
+        std::process::id()
+    ));
+    let _ = fs::remove_dir_all(&p);
+    fs::create_dir_all(&p).ok()?;
+    Some(RemoveDir(p))
+}

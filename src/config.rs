@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::{activation, api, cni, duration, limit, logging, selection, server, trust};
+use crate::{activation, api, cni, duration, k8s, limit, logging, selection, server, trust};
 
 /// Where the daemon looks for its configuration by default.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/plexus/daemon-config.json";
@@ -60,6 +60,9 @@ const KNOWN_KEYS: &[&str] = &[
     "retryDeleteOnError",
     "readinessindicatorfile",
     "kubeconfig",
+    "nodeName",
+    "kubernetesSyncTimeout",
+    "kubernetesRequestTimeout",
     "runtimeConfig",
     "capabilities",
     // multus generator and deployment keys.
@@ -159,6 +162,9 @@ pub struct Config {
     pub cni: cni::Config,
     /// The static networks; `None` when `clusterNetwork` is not set.
     pub selection: Option<selection::Config>,
+    /// The Kubernetes source's settings; whether there is a source at all
+    /// is [`k8s::Config::enabled`].
+    pub kubernetes: k8s::Config,
     /// Keys that are neither Plexus nor multus keys (probably typos).
     pub unknown_keys: Vec<String>,
 }
@@ -263,6 +269,25 @@ impl Config {
         // multus's cache directory: only its type is checked (Plexus keeps
         // its own records in stateDir).
         f.string("cniDir");
+        let kubeconfig = f.path("kubeconfig");
+        let node_name = match f.string("nodeName").filter(|s| !s.is_empty()) {
+            Some(n) => {
+                if !k8s::is_valid_node_name(&n) {
+                    f.problem(
+                        "nodeName",
+                        format!("{n:?} is not a Kubernetes node name (a lowercase DNS subdomain)"),
+                    );
+                }
+                n
+            }
+            None => k8s::host_node_name(),
+        };
+        let kubernetes_sync_timeout = f
+            .duration("kubernetesSyncTimeout")
+            .unwrap_or(k8s::DEFAULT_SYNC_TIMEOUT);
+        let kubernetes_request_timeout = f
+            .nonzero_duration("kubernetesRequestTimeout")
+            .unwrap_or(k8s::DEFAULT_REQUEST_TIMEOUT);
 
         let unknown_keys = raw
             .keys()
@@ -308,6 +333,12 @@ impl Config {
                 cluster_network,
                 default_networks,
             }),
+            kubernetes: k8s::Config {
+                kubeconfig,
+                node_name,
+                sync_timeout: kubernetes_sync_timeout,
+                request_timeout: kubernetes_request_timeout,
+            },
             unknown_keys,
         })
     }
@@ -359,6 +390,9 @@ impl Config {
         }
         if let Some(file) = &self.logging.file {
             check("logFile", trust::check_file(file));
+        }
+        if let Some(file) = &self.kubernetes.kubeconfig {
+            check("kubeconfig", trust::check_trusted_input(file));
         }
         if problems.is_empty() {
             Ok(())

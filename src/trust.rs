@@ -68,10 +68,19 @@ pub fn check_file(file: &Path) -> Result<(), Untrusted> {
     walk(file, Target::File)
 }
 
+/// Checks a file the daemon reads and trusts (credentials, such as a
+/// kubeconfig): [`check_file`]'s rule, and the file itself must be owned
+/// by root and writable by no one else, since whoever can change it can
+/// point the daemon at an API server of their own.
+pub fn check_trusted_input(file: &Path) -> Result<(), Untrusted> {
+    walk(file, Target::Input)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
     Dir,
     File,
+    Input,
 }
 
 /// Root, or the daemon's own user (for unprivileged development runs).
@@ -138,6 +147,9 @@ fn walk(path: &Path, target: Target) -> Result<(), Untrusted> {
         }
         if ft.is_dir() {
             check_dir_meta(&next, &meta, last && target == Target::Dir)?;
+        } else if last && target == Target::Input {
+            // Same owner and write rule as a directory the daemon uses.
+            check_dir_meta(&next, &meta, true)?;
         } else if !last {
             // A file in the middle of the path: using it fails anyway.
             return Ok(());
@@ -192,6 +204,30 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         chmod(t.path(), 0o755);
         t
+    }
+
+    #[test]
+    fn trusted_inputs_should_be_roots_and_writable_by_no_one_else() {
+        let t = private_tempdir();
+        let f = t.path().join("kubeconfig");
+        fs::write(&f, "x").unwrap();
+        chmod(&f, 0o600);
+        check_trusted_input(&f).unwrap();
+        chmod(&f, 0o666);
+        assert!(matches!(
+            check_trusted_input(&f),
+            Err(Untrusted::Writable { .. })
+        ));
+        // A file the daemon writes only needs a safe directory.
+        check_file(&f).unwrap();
+        chmod(&f, 0o644);
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&f, Some(65534), None).unwrap();
+            assert!(matches!(
+                check_trusted_input(&f),
+                Err(Untrusted::Owner { uid: 65534, .. })
+            ));
+        }
     }
 
     #[test]

@@ -28,6 +28,7 @@ fn config(api: &FakeApi, dir: &TestDir) -> Config {
     Config {
         kubeconfig: Some(path),
         node_name: NODE.to_string(),
+        sync_timeout: T,
         request_timeout: Duration::from_secs(2),
     }
 }
@@ -250,4 +251,30 @@ fn outages_should_be_transient_errors_and_caches_should_recover() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
+}
+
+/// Readiness is looked at (by `/readyz`, STATUS=) while start-up waits
+/// on it: neither may lose the other's wake-up.
+#[test]
+fn looking_at_readiness_while_waiting_should_not_lose_the_wake_up() {
+    let dir = TestDir::new("k8s-look");
+    let api = FakeApi::start();
+    api.stall(true);
+    let rt = runtime();
+    let source = std::sync::Arc::new(rt.block_on(Source::start(config(&api, &dir))).unwrap());
+    let waiting = rt.spawn({
+        let source = source.clone();
+        async move { source.wait_synced(T).await }
+    });
+    let looking = rt.spawn({
+        let source = source.clone();
+        async move {
+            while !source.synced() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    });
+    api.stall(false);
+    assert!(rt.block_on(waiting).unwrap(), "the waiter never woke");
+    rt.block_on(looking).unwrap();
 }

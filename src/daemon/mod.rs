@@ -18,8 +18,8 @@ use crate::handler::{Networks, Unconfigured};
 use crate::limit::{Admission, ConnectionLimit};
 use crate::metrics::Metrics;
 use crate::notify::{self, Notifier};
-use crate::server::{self, Handler, Shared};
-use crate::{cni, logging};
+use crate::server::{self, Handler, Readiness, Shared};
+use crate::{cni, k8s, logging};
 
 /// How a start-up or a run of the daemon ended, for the process's exit
 /// status.
@@ -132,7 +132,28 @@ pub fn main(config: config::Config) -> Exit {
         error!("{e}");
         return Exit::Config;
     }
-    let handler = Networks::new(engine, selection);
+    // Fallible (credentials, kubeconfig), so before the socket is taken;
+    // it waits for nothing: the caches fill while the daemon serves.
+    let kubernetes = if config.kubernetes.enabled() {
+        match runtime.block_on(k8s::Source::start(config.kubernetes.clone())) {
+            Ok(source) => {
+                info!(node = %config.kubernetes.node_name, "watching this node's pods and the NetworkAttachmentDefinitions");
+                Some(source)
+            }
+            Err(e) => {
+                error!("{:#}", anyhow::Error::from(e));
+                return Exit::Config;
+            }
+        }
+    } else {
+        None
+    };
+    let handler = Networks::new(
+        engine,
+        selection,
+        kubernetes,
+        config.kubernetes.sync_timeout,
+    );
     let check = handler.clone();
     let rt = runtime.handle().clone();
     serve(
@@ -356,6 +377,18 @@ async fn run<H: Handler>(
         spawn_idle_watch(idle, shared.clone(), trigger.clone(), reason.clone());
     }
     let notifier = Arc::new(env.notifier);
+    // Serving already (calls that can be served are), but READY=1 waits
+    // for the handler's sources, bounded by the handler; a stop request
+    // meanwhile wins.
+    if shared.handler.readiness() != Readiness::Ready {
+        if let Err(e) = notifier.status(&status_line(&shared)) {
+            warn!(cause = %e, "cannot send STATUS= to the service manager");
+        }
+        tokio::select! {
+            _ = trigger.cancelled() => {}
+            _ = shared.handler.settle() => {}
+        }
+    }
     if let Err(e) = notifier.ready(&status_line(&shared)) {
         warn!(cause = %e, "cannot notify the service manager of readiness");
     }
@@ -452,13 +485,18 @@ fn parking_reason() -> Reason {
     Reason(std::sync::OnceLock::new())
 }
 
-fn status_line<H>(shared: &Shared<H>) -> String {
-    format!(
-        "serving: {} served, {} in flight, {} queued",
+fn status_line<H: Handler>(shared: &Shared<H>) -> String {
+    let counts = format!(
+        "{} served, {} in flight, {} queued",
         shared.activity.served(),
         shared.metrics.in_flight.get(),
         shared.metrics.queued.get()
-    )
+    );
+    match shared.handler.readiness() {
+        Readiness::Ready => format!("serving: {counts}"),
+        Readiness::Starting(why) => format!("starting: {why}; {counts}"),
+        Readiness::Degraded(why) => format!("serving, degraded: {why}; {counts}"),
+    }
 }
 
 type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);

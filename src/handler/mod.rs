@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
@@ -12,9 +13,10 @@ use crate::api::Command;
 use crate::api::{self, code};
 use crate::cni::types::{self, Invalid, Invocation};
 use crate::cni::{self, Engine, ErrorKind, Planned};
+use crate::k8s;
 use crate::result;
 use crate::selection;
-use crate::server::{Failure, FailureKind, Handler, Reply};
+use crate::server::{Failure, FailureKind, Handler, Readiness, Reply};
 
 /// Answers every CNI request with "no networks are configured" until the
 /// engine is configured.
@@ -35,18 +37,39 @@ impl Handler for Unconfigured {
     }
 }
 
-/// Serves `/cni` with the engine and the static network configuration.
+/// Serves `/cni` with the engine, the static network configuration and,
+/// when configured, the Kubernetes source.
 #[derive(Debug, Clone)]
 pub struct Networks {
     engine: Arc<Engine>,
     selection: Arc<selection::Config>,
+    kubernetes: Option<Arc<Kubernetes>>,
+}
+
+/// The Kubernetes source and how long start-up waits for it.
+#[derive(Debug)]
+struct Kubernetes {
+    source: k8s::Source,
+    /// Until then, unsynced caches mean "starting"; after, "degraded".
+    settle_by: Instant,
 }
 
 impl Networks {
-    pub fn new(engine: Arc<Engine>, selection: selection::Config) -> Self {
+    pub fn new(
+        engine: Arc<Engine>,
+        selection: selection::Config,
+        kubernetes: Option<k8s::Source>,
+        sync_timeout: Duration,
+    ) -> Self {
         Self {
             engine,
             selection: Arc::new(selection),
+            kubernetes: kubernetes.map(|source| {
+                Arc::new(Kubernetes {
+                    source,
+                    settle_by: Instant::now() + sync_timeout,
+                })
+            }),
         }
     }
 
@@ -73,6 +96,39 @@ impl Networks {
 }
 
 impl Handler for Networks {
+    fn readiness(&self) -> Readiness {
+        let Some(k) = &self.kubernetes else {
+            return Readiness::Ready;
+        };
+        if k.source.synced() {
+            Readiness::Ready
+        } else if Instant::now() < k.settle_by {
+            Readiness::Starting(
+                "waiting for the Kubernetes caches (this node's pods and the \
+                 NetworkAttachmentDefinitions) to sync"
+                    .into(),
+            )
+        } else {
+            Readiness::Degraded(
+                "the Kubernetes caches have not synced; calls that need them are \
+                 answered with code 11 (try again later)"
+                    .into(),
+            )
+        }
+    }
+
+    async fn settle(&self) {
+        if let Some(k) = &self.kubernetes {
+            let left = k.settle_by.saturating_duration_since(Instant::now());
+            if !k.source.wait_synced(left).await {
+                tracing::warn!(
+                    waited = %crate::duration::format(left),
+                    "the Kubernetes caches did not sync in time; serving anyway"
+                );
+            }
+        }
+    }
+
     async fn cni(&self, request: api::Request) -> Result<Reply, Failure> {
         // The server already runs this in a task of its own that outlives
         // the client's connection.

@@ -25,18 +25,26 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use nad::NetworkAttachmentDefinition;
 
 /// The pod annotation Plexus writes after an ADD.
 pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
+
+/// How long start-up waits for the caches before serving anyway.
+pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound of one API request (and of connecting).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Where the in-cluster service account token lives.
+const IN_CLUSTER_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
 /// Settings of this module.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +53,9 @@ pub struct Config {
     pub kubeconfig: Option<PathBuf>,
     /// This node's name, as the pods' `spec.nodeName` holds it.
     pub node_name: String,
+    /// How long start-up waits for both caches before it reports ready
+    /// anyway (and says so).
+    pub sync_timeout: Duration,
     /// Bound of each single request (the pod GET, the status patch) and
     /// of connecting.
     pub request_timeout: Duration,
@@ -127,6 +138,11 @@ pub struct Source {
     config: Config,
     pods: Store<PartialObjectMeta<Pod>>,
     nads: Store<NetworkAttachmentDefinition>,
+    /// Set once each cache has its first full list. The stores' own
+    /// readiness future keeps one waker only, so exactly one task waits on
+    /// each and publishes here, where any number may look or wait.
+    pods_synced: watch::Receiver<bool>,
+    nads_synced: watch::Receiver<bool>,
     stop: CancellationToken,
 }
 
@@ -145,10 +161,38 @@ impl Drop for Source {
     }
 }
 
-/// Whether this daemon has Kubernetes credentials at all: a `kubeconfig`,
-/// or the in-cluster environment.
-pub fn configured(config: &Config) -> bool {
-    config.kubeconfig.is_some() || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+impl Config {
+    /// Whether there is a Kubernetes source at all: a `kubeconfig`, or the
+    /// in-cluster environment (`KUBERNETES_SERVICE_HOST` and a service
+    /// account token). Otherwise Plexus serves static networks only.
+    pub fn enabled(&self) -> bool {
+        self.kubeconfig.is_some()
+            || (std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+                && std::path::Path::new(IN_CLUSTER_TOKEN).exists())
+    }
+}
+
+/// A lowercase RFC 1123 DNS subdomain of at most 253 bytes, as Kubernetes
+/// requires of node names.
+pub fn is_valid_node_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// This host's node name as the kubelet derives it by default: the host
+/// name, lowercased.
+pub fn host_node_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_ascii_lowercase())
+        .unwrap_or_default()
 }
 
 impl Source {
@@ -186,12 +230,12 @@ impl Source {
             pod_api,
             watcher::Config::default().fields(&format!("spec.nodeName={}", config.node_name)),
         );
-        spawn_reflector("pods", pod_watch, pods_writer, &pods, &stop);
+        let pods_synced = spawn_reflector("pods", pod_watch, pods_writer, &pods, &stop);
 
         let (nads, nads_writer) = reflector::store();
         let nad_api: Api<NetworkAttachmentDefinition> = Api::all(client.clone());
         let nad_watch = watcher(nad_api, watcher::Config::default());
-        spawn_reflector(
+        let nads_synced = spawn_reflector(
             "network-attachment-definitions",
             nad_watch,
             nads_writer,
@@ -204,22 +248,24 @@ impl Source {
             config,
             pods,
             nads,
+            pods_synced,
+            nads_synced,
             stop,
         })
     }
 
     /// Both caches have listed once.
     pub fn synced(&self) -> bool {
-        let ready = |w: Option<Result<(), _>>| matches!(w, Some(Ok(())));
-        ready(self.pods.wait_until_ready().now_or_never())
-            && ready(self.nads.wait_until_ready().now_or_never())
+        *self.pods_synced.borrow() && *self.nads_synced.borrow()
     }
 
     /// Waits until [`Source::synced`], at most `timeout`; whether it is.
     pub async fn wait_synced(&self, timeout: Duration) -> bool {
+        let mut pods = self.pods_synced.clone();
+        let mut nads = self.nads_synced.clone();
         let both = async {
-            let _ = self.pods.wait_until_ready().await;
-            let _ = self.nads.wait_until_ready().await;
+            let _ = pods.wait_for(|s| *s).await;
+            let _ = nads.wait_for(|s| *s).await;
         };
         let _ = tokio::time::timeout(timeout, both).await;
         self.synced()
@@ -297,8 +343,8 @@ impl Source {
     }
 }
 
-/// Runs a watch into a cache until `stop`; logs when the cache has its
-/// first full list. Errors are logged (at most one line per
+/// Runs a watch into a cache until `stop`; the receiver turns true (and a
+/// line is logged) when the cache has its first full list. Errors are logged (at most one line per
 /// distinct error in a row) and retried with backoff.
 fn spawn_reflector<K>(
     what: &'static str,
@@ -306,11 +352,13 @@ fn spawn_reflector<K>(
     writer: reflector::store::Writer<K>,
     store: &Store<K>,
     stop: &CancellationToken,
-) where
+) -> watch::Receiver<bool>
+where
     K: kube::Resource + Clone + Send + Sync + std::fmt::Debug + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
 {
     let stop = stop.clone();
+    let (synced_tx, synced) = watch::channel(false);
     {
         let store = store.clone();
         let stop = stop.clone();
@@ -319,6 +367,7 @@ fn spawn_reflector<K>(
                 _ = stop.cancelled() => {}
                 r = store.wait_until_ready() => {
                     if r.is_ok() {
+                        synced_tx.send_replace(true);
                         tracing::info!(cache = what, "Kubernetes cache synced");
                     }
                 }
@@ -351,4 +400,5 @@ fn spawn_reflector<K>(
             }
         }
     });
+    synced
 }

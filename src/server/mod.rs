@@ -117,6 +117,28 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<serde_json::Value>, Failure>> + Send {
         async { Ok(None) }
     }
+    /// Whether the handler can serve what it is configured for, as
+    /// `/readyz` and the service manager's STATUS= report it.
+    fn readiness(&self) -> Readiness {
+        Readiness::Ready
+    }
+    /// Waits until [`Handler::readiness`] is no longer
+    /// [`Readiness::Starting`]; bounded by the handler. Start-up awaits it
+    /// (while serving) before it reports READY=1.
+    fn settle(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// What `/readyz` answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// 200.
+    Ready,
+    /// 503 (code 11): not ready yet, with why.
+    Starting(String),
+    /// 200, serving with a limitation it names (in the body and STATUS=).
+    Degraded(String),
 }
 
 /// State shared by every connection.

@@ -12,7 +12,7 @@ use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use tracing::{info_span, warn, Instrument};
 
-use super::{Call, Failure, FailureKind, Handler, Reply, Shared};
+use super::{Call, Failure, FailureKind, Handler, Readiness, Reply, Shared};
 use crate::api::{self, code, CniError, Command};
 use crate::limit::BodyBytes;
 use crate::metrics::{LatencyLabels, MultusLabels, RejectLabels, RequestLabels};
@@ -132,7 +132,19 @@ pub(super) async fn route<H: Handler>(
                         "plexusd is shutting down; try again later",
                     ),
                 ),
-                Endpoint::Readyz => Outcome::EmptyJson,
+                Endpoint::Readyz => match shared.handler.readiness() {
+                    Readiness::Ready => Outcome::EmptyJson,
+                    Readiness::Starting(why) => fail(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "starting",
+                        CniError::new(code::TRY_AGAIN_LATER, why),
+                    ),
+                    Readiness::Degraded(why) => Outcome::Json(
+                        serde_json::json!({ "degraded": why })
+                            .to_string()
+                            .into_bytes(),
+                    ),
+                },
                 Endpoint::Metrics => {
                     Outcome::Text(crate::metrics::CONTENT_TYPE, shared.metrics.render())
                 }

@@ -145,6 +145,8 @@ impl Daemon {
             cmd.env_remove("LISTEN_FDS").env_remove("LISTEN_PID");
         }
         cmd.env_remove("WATCHDOG_USEC").env_remove("WATCHDOG_PID");
+        // Static networks only, unless a test gives a kubeconfig.
+        cmd.env_remove("KUBERNETES_SERVICE_HOST");
         cmd.envs(env.iter().copied());
         if let Some(l) = listener {
             pass_as_fd3(&mut cmd, l.as_raw_fd());

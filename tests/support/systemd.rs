@@ -602,13 +602,21 @@ impl Manager {
             }
         }
         // Anything left in our cgroups or our mount namespace is ours.
-        let mut reported = false;
-        let clean = poll_until(Duration::from_secs(10), || {
+        let ours_left = || {
             let mut left = cgroup_pids(&self.cgroups);
             if !self.mnt_ns.is_empty() {
                 left.extend(pids_in_mount_ns(&self.mnt_ns));
             }
             left.remove(&std::process::id());
+            left
+        };
+        // The manager SIGKILLs what is left of its units as it exits; on a
+        // loaded machine those processes may take a moment to be gone.
+        // Only what outlives that is reported.
+        poll_until(Duration::from_secs(3), || ours_left().is_empty());
+        let mut reported = false;
+        let clean = poll_until(Duration::from_secs(10), || {
+            let left = ours_left();
             if left.is_empty() {
                 return true;
             }

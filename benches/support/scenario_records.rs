@@ -36,6 +36,7 @@ fn loopback_record(container_id: &str, netns: &str) -> Record {
                 "name": "lo",
                 "plugins": [{"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}],
             }),
+            capability_args: None,
             result: Some(json!({
                 "cniVersion": "1.0.0",
                 "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00", "sandbox": netns}],

@@ -325,11 +325,7 @@ fn net(name: &str, types: &[&str]) -> NetworkList {
 }
 
 fn plan(list: NetworkList, ifname: &str, primary: bool) -> Planned {
-    Planned {
-        list,
-        ifname: ifname.into(),
-        primary,
-    }
+    Planned::new(list, ifname, primary)
 }
 
 /// A call as the runtime makes it; no netns, so no namespace is checked.
@@ -765,4 +761,79 @@ async fn check_should_report_the_first_plugin_that_disagrees() {
     let names: Vec<&str> = checks.iter().map(|c| c.plugin.as_str()).collect();
     assert_eq!(names, ["a", "b", "c", "a", "b"]);
     assert!(checks.iter().all(|c| prev_of(c).as_deref() == Some("c")));
+}
+
+/// A 1.1.0 network of one plugin declaring `capabilities`.
+fn net_with_caps(name: &str, plugin: &str, capabilities: &[&str]) -> NetworkList {
+    let caps: Map<String, Value> = capabilities
+        .iter()
+        .map(|c| (c.to_string(), json!(true)))
+        .collect();
+    NetworkList::from_value(
+        Path::new("test"),
+        json!({"cniVersion": "1.1.0", "name": name,
+               "plugins": [{"type": plugin, "capabilities": caps}]}),
+        false,
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_networks_own_capability_arguments_should_reach_its_plugins_at_add_and_del() {
+    let r = rig();
+    let mut extra = plan(net_with_caps("n2", "b", &["ips"]), "net1", false);
+    extra.capability_args = Some(
+        json!({"ips": ["10.9.9.9/24"], "mac": "02:00:00:00:00:01"})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    let planned = vec![
+        plan(
+            net_with_caps("n1", "a", &["ips", "portMappings"]),
+            "eth0",
+            true,
+        ),
+        extra,
+    ];
+    let call_args = json!({"ips": ["10.1.1.1/24"], "portMappings": [{"hostPort": 80}]});
+    let added = r
+        .engine
+        .add_networks(
+            &call(Command::Add, "c1", "eth0"),
+            call_args.as_object().unwrap().clone(),
+            planned,
+        )
+        .await
+        .unwrap();
+    let names: Vec<(&str, &str, bool)> = added
+        .iter()
+        .map(|a| (a.name.as_str(), a.ifname.as_str(), a.primary))
+        .collect();
+    assert_eq!(names, [("n1", "eth0", true), ("n2", "net1", false)]);
+    assert_eq!(added[1].result["interfaces"][0]["name"], "b");
+
+    del(&r.engine, "c1", "eth0").await.unwrap();
+    let runtime_config = |plugin: &str, command: &str| {
+        r.runner
+            .calls()
+            .into_iter()
+            .find(|c| c.plugin == plugin && c.command == command)
+            .map(|c| c.stdin["runtimeConfig"].clone())
+            .unwrap()
+    };
+    for command in ["ADD", "DEL"] {
+        // The call's arguments, as the network declared them.
+        assert_eq!(
+            runtime_config("a", command),
+            json!({"ips": ["10.1.1.1/24"], "portMappings": [{"hostPort": 80}]}),
+            "{command}"
+        );
+        // Its own, in place of the call's; `mac` was not declared.
+        assert_eq!(
+            runtime_config("b", command),
+            json!({"ips": ["10.9.9.9/24"]}),
+            "{command}"
+        );
+    }
 }

@@ -198,6 +198,33 @@ pub struct Planned {
     pub ifname: String,
     /// Whether the runtime gets this network's result.
     pub primary: bool,
+    /// This network's own capability arguments (a selection element's
+    /// ips, mac, portMappings...), in place of the call's; `None`: the
+    /// call's `runtimeConfig`.
+    pub capability_args: Option<Map<String, Value>>,
+}
+
+impl Planned {
+    /// A network with the call's capability arguments.
+    pub fn new(list: NetworkList, ifname: impl Into<String>, primary: bool) -> Self {
+        Self {
+            list,
+            ifname: ifname.into(),
+            primary,
+            capability_args: None,
+        }
+    }
+}
+
+/// One network an ADD attached, in the order they ran.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AddedNetwork {
+    /// The network's (CNI) name.
+    pub name: String,
+    pub ifname: String,
+    pub primary: bool,
+    /// Its final result, in the version its plugins ran at.
+    pub result: Value,
 }
 
 /// A network's plugins, located, each with the version it runs at.
@@ -688,7 +715,7 @@ impl Engine {
             Err(e) => return vec![Error::config(e)],
         };
         let env = self.call_env(Command::Del, inv, &d.ifname, netns);
-        self.del_chain(&list, &env, &att.capability_args, prev)
+        self.del_chain(&list, &env, d.capability_args_in(att), prev)
             .await
     }
 
@@ -708,6 +735,23 @@ impl Engine {
         cap_args: Map<String, Value>,
         planned: Vec<Planned>,
     ) -> Result<Value, Error> {
+        let added = self.add_networks(inv, cap_args, planned).await?;
+        added
+            .iter()
+            .find(|a| a.primary)
+            .or_else(|| added.first())
+            .map(|a| a.result.clone())
+            .ok_or_else(|| Error::new(ErrorKind::Failed, code::INTERNAL, "ADD produced no result"))
+    }
+
+    /// [`Engine::add`], answering every network's result (for a status
+    /// report of all of them), in order.
+    pub async fn add_networks(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        planned: Vec<Planned>,
+    ) -> Result<Vec<AddedNetwork>, Error> {
         // Before anything runs, so the rollback of a failed ADD, too, only
         // ever runs in a namespace that passed.
         let (lock, loaded) = self
@@ -724,7 +768,7 @@ impl Engine {
         cap_args: Map<String, Value>,
         planned: Vec<Planned>,
         loaded: Loaded,
-    ) -> Result<Value, Error> {
+    ) -> Result<Vec<AddedNetwork>, Error> {
         // Everything that can be checked before running anything is.
         let mut prepared = Vec::with_capacity(planned.len());
         for p in &planned {
@@ -759,6 +803,10 @@ impl Engine {
                     primary: p.primary,
                     state: State::Pending,
                     config: p.list.to_value(),
+                    capability_args: p
+                        .capability_args
+                        .clone()
+                        .map(|own| declared_capabilities(std::iter::once(&p.list), own)),
                     result: None,
                 })
                 .collect(),
@@ -785,7 +833,11 @@ impl Engine {
                 return Err(self.roll_back(inv, &mut record, slot, i, None, e).await);
             }
             let env = self.call_env(Command::Add, inv, &p.ifname, &inv.netns);
-            match self.add_chain(&p.list, prep, &env, &cap_args).await {
+            let args = record.attachments[slot].delegates[i]
+                .capability_args
+                .clone()
+                .unwrap_or_else(|| cap_args.clone());
+            match self.add_chain(&p.list, prep, &env, &args).await {
                 Ok(res) => {
                     let d = &mut record.attachments[slot].delegates[i];
                     d.state = State::Added;
@@ -800,13 +852,18 @@ impl Engine {
             let last = planned.len().saturating_sub(1);
             return Err(self.roll_back(inv, &mut record, slot, last, None, e).await);
         }
-        let delegates = &record.attachments[slot].delegates;
-        delegates
+        Ok(record.attachments[slot]
+            .delegates
             .iter()
-            .find(|d| d.primary)
-            .or_else(|| delegates.first())
-            .and_then(|d| d.result.clone())
-            .ok_or_else(|| Error::new(ErrorKind::Failed, code::INTERNAL, "ADD produced no result"))
+            .filter_map(|d| {
+                Some(AddedNetwork {
+                    name: d.name.clone(),
+                    ifname: d.ifname.clone(),
+                    primary: d.primary,
+                    result: d.result.clone()?,
+                })
+            })
+            .collect())
     }
 
     /// Undoes networks `0..=failed` of attachment `slot` after `cause`;
@@ -938,6 +995,7 @@ impl Engine {
                         primary: p.primary,
                         state: State::Adding,
                         config: p.list.to_value(),
+                        capability_args: None,
                         result: None,
                     })
                     .collect(),
@@ -1055,7 +1113,7 @@ impl Engine {
                     version,
                     Command::Check,
                     prev,
-                    &att.capability_args,
+                    d.capability_args_in(att),
                 );
                 self.runner
                     .run(plugin, &env, stdin)

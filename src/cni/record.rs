@@ -68,9 +68,24 @@ pub struct Delegate {
     pub state: State,
     /// The network configuration list exactly as used at ADD.
     pub config: Value,
+    /// This network's own capability arguments, where they differ from
+    /// the attachment's (a selection element's ips, mac...); only keys
+    /// its plugins declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability_args: Option<Map<String, Value>>,
     /// The final ADD result (recorded once the chain succeeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+}
+
+impl Delegate {
+    /// The capability arguments this network runs with: its own, else
+    /// those of the attachment `att` it belongs to.
+    pub fn capability_args_in<'a>(&'a self, att: &'a Attachment) -> &'a Map<String, Value> {
+        self.capability_args
+            .as_ref()
+            .unwrap_or(&att.capability_args)
+    }
 }
 
 /// One ADD call: the runtime's interface name and the networks it brought.
@@ -810,6 +825,7 @@ mod tests {
                 primary: true,
                 state: State::Adding,
                 config: json!({"name":"n"}),
+                capability_args: None,
                 result: None,
             }],
         });

@@ -111,6 +111,7 @@ mod tests {
                 primary: true,
                 state: State::Added,
                 config: json!({}),
+                capability_args: None,
                 result: Some(json!({
                     "cniVersion": "1.1.0",
                     "interfaces": [

@@ -247,11 +247,11 @@ impl Networks {
         })?;
         let mut planned = Vec::with_capacity(selected.len());
         for s in selected {
-            planned.push(Planned {
-                list: self.engine.load(&s.network).await?,
-                ifname: s.ifname,
-                primary: s.primary,
-            });
+            planned.push(Planned::new(
+                self.engine.load(&s.network).await?,
+                s.ifname,
+                s.primary,
+            ));
         }
         Ok(planned)
     }

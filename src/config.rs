@@ -625,6 +625,33 @@ mod tests {
     }
 
     #[test]
+    fn kubernetes_keys_should_default_and_be_checked() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c.kubernetes.kubeconfig, None);
+        assert_eq!(c.kubernetes.node_name, k8s::host_node_name());
+        assert_eq!(c.kubernetes.sync_timeout, k8s::DEFAULT_SYNC_TIMEOUT);
+        assert_eq!(c.kubernetes.request_timeout, k8s::DEFAULT_REQUEST_TIMEOUT);
+        let c = parse(
+            r#"{"kubeconfig": "kube/node.conf", "nodeName": "worker-1.example",
+                "kubernetesSyncTimeout": "5s", "kubernetesRequestTimeout": "2s"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.kubernetes.kubeconfig.as_deref(),
+            Some(Path::new("/etc/plexus/kube/node.conf"))
+        );
+        assert_eq!(c.kubernetes.node_name, "worker-1.example");
+        assert_eq!(c.kubernetes.sync_timeout, Duration::from_secs(5));
+        assert_eq!(c.kubernetes.request_timeout, Duration::from_secs(2));
+        let e = parse(
+            r#"{"kubeconfig": "", "nodeName": "Worker_1", "kubernetesRequestTimeout": "0s"}"#,
+        )
+        .unwrap_err();
+        let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["kubeconfig", "nodeName", "kubernetesRequestTimeout"]);
+    }
+
+    #[test]
     fn empty_object_should_give_defaults() {
         let c = parse("{}").unwrap();
         assert_eq!(c.activation.socket_dir, PathBuf::from("/run/plexus"));

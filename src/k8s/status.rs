@@ -137,6 +137,9 @@ pub struct MemifDevice {
 }
 
 /// The entries one delegate contributes, in the order multus appends them.
+/// `result` is the delegate's result as its plugin returned it (multus'
+/// default-route handling changes the pod's routes, not this result);
+/// `primary`: the delegate is the cluster network.
 ///
 /// - Exactly one interface: one entry. `interface`, `mac` and `mtu` come
 ///   from the interface only if it has a `sandbox`; `ips` holds every

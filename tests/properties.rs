@@ -269,3 +269,160 @@ proptest! {
         prop_assert_eq!(&printed["interfaces"], &result["interfaces"]);
     }
 }
+
+fn status_address() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ipv4(),
+        ipv6(),
+        (any::<[u8; 4]>(), 96u8..=128)
+            .prop_map(|(a, p)| format!("::ffff:{}.{}.{}.{}/{p}", a[0], a[1], a[2], a[3])),
+    ]
+}
+
+/// A 1.1.0 result with sandbox and host-side interfaces, addresses with
+/// and without (possibly dangling) interface indexes and gateways, default
+/// and other routes with and without `gw`, and names with characters Go
+/// escapes.
+fn status_result_json() -> impl Strategy<Value = serde_json::Value> {
+    let name = "[a-z0-9<>&\"\\\\\u{2028}é-]{1,12}";
+    (
+        prop::collection::vec((name, any::<bool>(), 0i64..10_000), 0..5),
+        prop::collection::vec(
+            (
+                status_address(),
+                prop::option::of(-2i64..6),
+                prop::option::of(status_address()),
+            ),
+            0..6,
+        ),
+        prop::collection::vec(
+            (
+                prop_oneof![
+                    Just("0.0.0.0/0".to_string()),
+                    Just("::/0".to_string()),
+                    Just("0.0.0.0/8".to_string()),
+                    status_address(),
+                ],
+                prop::option::of(status_address()),
+            ),
+            0..4,
+        ),
+        prop::collection::vec("[a-z0-9.:]{1,15}", 0..3),
+    )
+        .prop_map(|(ifaces, ips, routes, ns)| {
+            serde_json::json!({
+                "cniVersion": "1.1.0",
+                "interfaces": ifaces.iter().map(|(n, sandbox, mtu)| {
+                    let mut i = serde_json::json!({"name": n, "mac": "02:00:00:00:00:01", "mtu": mtu});
+                    if *sandbox {
+                        i["sandbox"] = serde_json::json!("/var/run/netns/p");
+                    }
+                    i
+                }).collect::<Vec<_>>(),
+                "ips": ips.iter().map(|(a, index, gw)| {
+                    let mut ip = serde_json::json!({"address": a});
+                    if let Some(i) = index {
+                        ip["interface"] = serde_json::json!(i);
+                    }
+                    if let Some(g) = gw {
+                        ip["gateway"] = serde_json::json!(g.split('/').next());
+                    }
+                    ip
+                }).collect::<Vec<_>>(),
+                "routes": routes.iter().map(|(dst, gw)| {
+                    let mut r = serde_json::json!({"dst": dst});
+                    if let Some(g) = gw {
+                        r["gw"] = serde_json::json!(g.split('/').next());
+                    }
+                    r
+                }).collect::<Vec<_>>(),
+                "dns": {"nameservers": ns},
+            })
+        })
+}
+
+proptest! {
+    #![proptest_config(cases())]
+
+    /// Any valid 1.1.0 result gives an annotation that is JSON, reads back
+    /// to the entries, escapes as Go does, and places every address at
+    /// most once, bare, where multus places it.
+    #[test]
+    fn network_status_of_any_result_reads_back(
+        result in status_result_json(),
+        name in "[a-z0-9/<>&-]{1,20}",
+        primary in any::<bool>(),
+        repeat in 1usize..3,
+    ) {
+        use plexus::k8s::status::{annotation, entries_from_value, NetworkStatus};
+        let e = entries_from_value(&name, &result, primary, None).unwrap();
+        let mut all = Vec::new();
+        for _ in 0..repeat {
+            all.extend(e.iter().cloned());
+        }
+        let text = annotation(&all);
+        prop_assert!(!text.contains(['<', '>', '&', '\u{2028}']), "{}", text);
+        let back: Vec<NetworkStatus> = serde_json::from_str(&text).unwrap();
+        prop_assert_eq!(&back, &all);
+
+        let ifaces = result["interfaces"].as_array().unwrap();
+        let sandbox: Vec<usize> = (0..ifaces.len()).filter(|i| ifaces[*i].get("sandbox").is_some()).collect();
+        let ips = result["ips"].as_array().unwrap();
+        let expected_ips = if ifaces.len() == 1 {
+            prop_assert_eq!(e.len(), 1);
+            prop_assert_eq!(e[0].default, primary);
+            ips.len()
+        } else {
+            prop_assert_eq!(e.len(), sandbox.len());
+            prop_assert!(e.iter().filter(|s| s.default).count() <= usize::from(primary));
+            ips.iter().filter(|ip| match ip.get("interface").and_then(|i| i.as_i64()) {
+                Some(i) => usize::try_from(i).is_ok_and(|i| sandbox.contains(&i)),
+                None => !sandbox.is_empty(),
+            }).count()
+        };
+        if ifaces.len() != 1 {
+            // Each sandbox interface's entry holds its indexed addresses;
+            // the last also those without index, in result order.
+            for (k, iface) in sandbox.iter().enumerate() {
+                let mine: Vec<String> = ips.iter().filter(|ip| match ip.get("interface").and_then(|i| i.as_i64()) {
+                    Some(i) => usize::try_from(i).is_ok_and(|i| i == *iface),
+                    None => k + 1 == sandbox.len(),
+                }).map(|ip| {
+                    let a = ip["address"].as_str().unwrap().split('/').next().unwrap();
+                    match a.parse::<std::net::IpAddr>().unwrap() {
+                        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(v6.to_string(), |v4| v4.to_string()),
+                        v4 => v4.to_string(),
+                    }
+                }).collect();
+                prop_assert_eq!(&e[k].ips, &mine, "entry {}", k);
+                prop_assert_eq!(e[k].interface.as_str(), ifaces[*iface]["name"].as_str().unwrap());
+            }
+        }
+        let placed: Vec<&String> = e.iter().flat_map(|s| &s.ips).collect();
+        prop_assert_eq!(placed.len(), expected_ips);
+        for ip in placed {
+            prop_assert!(ip.parse::<std::net::IpAddr>().is_ok_and(|a| !matches!(a, std::net::IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some())), "{}", ip);
+        }
+        for s in &e {
+            for gw in &s.gateway {
+                prop_assert!(gw == "<nil>" || gw.parse::<std::net::IpAddr>().is_ok(), "{}", gw);
+            }
+        }
+    }
+
+    /// Any bytes as a device-info file: no panic; what is read prints as
+    /// JSON that reads back to the same.
+    #[test]
+    fn device_info_of_any_bytes_never_panics(
+        bytes in prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..64),
+            "\\{(\"(type|pci|PCI|vdpa|memif|vhost-user|version|pci-address|x)\": ?(\"[a-z<]{0,4}\"|null|1|\\{\\}|\\[\\]),? ?){0,5}\\}".prop_map(String::into_bytes),
+        ],
+    ) {
+        use plexus::k8s::status::DeviceInfo;
+        if let Some(d) = DeviceInfo::parse(&bytes) {
+            let text = serde_json::to_string(&d).unwrap();
+            prop_assert_eq!(DeviceInfo::parse(text.as_bytes()), Some(d));
+        }
+    }
+}

@@ -19,6 +19,7 @@
 //! - Nothing here is needed for DEL: DEL runs from the attachment records.
 
 mod nad;
+pub mod status;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -19,6 +19,7 @@
 //! - Nothing here is needed for DEL: DEL runs from the attachment records.
 
 mod nad;
+mod pod;
 pub mod status;
 
 use std::collections::BTreeMap;
@@ -36,6 +37,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use nad::NetworkAttachmentDefinition;
+pub use pod::{Incomplete, PodRef};
 
 /// The pod annotation Plexus writes after an ADD.
 pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";

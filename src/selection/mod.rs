@@ -13,6 +13,7 @@
 //! pod annotations later) is the caller's business.
 
 pub mod multus;
+pub mod nad;
 
 use std::fmt;
 

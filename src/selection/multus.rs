@@ -165,7 +165,8 @@ impl fmt::Display for Selection {
     }
 }
 
-/// What is wrong with an annotation.
+/// What is wrong with an annotation. Items (comma form) and elements
+/// (JSON form) are counted from 0, as in `plugins[0]`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Problem {
     #[error("the value is {len} bytes long; at most {MAX_ANNOTATION_BYTES} are read")]
@@ -263,7 +264,9 @@ pub fn parse_networks_annotation(
 /// `multus_namespace`, at most one network. `None` means no override.
 ///
 /// A present but empty value (or `[]`) is an error, as in multus (which
-/// panics on `[]`).
+/// panics on `[]`). The element's `interface`, when given, is kept: multus
+/// then names the cluster interface with it instead of the runtime's
+/// `CNI_IFNAME`, and DEL must recompute the same name.
 pub fn parse_default_network_annotation(
     value: Option<&str>,
     multus_namespace: &str,

@@ -259,7 +259,9 @@ fn merge_cni_args(d: &mut NadDelegate, args: &Map<String, Value>) -> Result<(), 
 /// empty, from the confDir file whose network `name` equals the NAD name,
 /// which `load_file` finds (the caller passes
 /// [`crate::cni::confdir::load_network`] with its confDir; that call
-/// blocks). The element's `cni-args` are merged either way.
+/// blocks). The element's `cni-args` are merged either way. A file's
+/// network comes back in list form (`is_list`), whatever the file's
+/// extension: the engine runs both forms as a list.
 ///
 /// Differs from multus: the file search (confdir's) skips unreadable files
 /// and names them in its error, where multus stops at the first file that
@@ -275,6 +277,15 @@ pub fn delegate_for_nad(
         Some(text) if !text.is_empty() => delegate_from_spec(namespace, nad_name, text, cni_args),
         _ => {
             let display = format!("{namespace}/{nad_name}");
+            // The loader reads a name with a `/` as a path; a NAD name
+            // never holds one, so such a name must not reach it.
+            if nad_name.is_empty() || nad_name.contains('/') {
+                return Err(NadError::Spec {
+                    display,
+                    why: "not a NetworkAttachmentDefinition name; no confDir file is looked up"
+                        .into(),
+                });
+            }
             let list = load_file(nad_name).map_err(|source| NadError::File {
                 display: display.clone(),
                 source,
@@ -445,6 +456,11 @@ mod tests {
         let e = delegate_for_nad("ns", "absent", None, None, load).unwrap_err();
         assert!(matches!(e, NadError::File { .. }), "{e}");
         assert!(e.to_string().contains("absent"), "{e}");
+        // A name that the loader would read as a path is refused.
+        for name in ["../../etc/x", "/etc/cni/net.d/10-x.conf", ""] {
+            let e = delegate_for_nad("ns", name, None, None, no_file).unwrap_err();
+            assert!(matches!(e, NadError::Spec { .. }), "{e}");
+        }
         // A set spec.config never looks at files.
         delegate_for_nad("ns", "x", Some(r#"{"type":"b"}"#), None, no_file).unwrap();
     }

@@ -330,12 +330,12 @@ fn parse_comma(value: &str, default_namespace: &str) -> Result<Vec<Selection>, P
             item: item.to_string(),
             why,
         };
-        let (namespace, rest) = match item.split('/').collect::<Vec<_>>()[..] {
+        let (namespace, rest) = match item.splitn(3, '/').collect::<Vec<_>>()[..] {
             [rest] => ("", rest),
             [ns, rest] => (ns.trim(), rest),
             _ => return Err(bad("invalid network object (more than one '/')".into())),
         };
-        let (name, ifname) = match rest.split('@').collect::<Vec<_>>()[..] {
+        let (name, ifname) = match rest.splitn(3, '@').collect::<Vec<_>>()[..] {
             [n] => (n.trim(), ""),
             [n, i] => (n.trim(), i.trim()),
             _ => return Err(bad("invalid network object (more than one '@')".into())),

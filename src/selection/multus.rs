@@ -177,7 +177,7 @@ pub enum Problem {
     Json { why: String },
     #[error("the JSON format must be a list of selection objects, found {found}")]
     NotAList { found: &'static str },
-    #[error("item {index} ({item:?}): {why}")]
+    #[error("item {index} ({}): {why}", shown(.item))]
     Item {
         index: usize,
         item: String,
@@ -196,16 +196,28 @@ pub enum Problem {
     MoreThanOne { count: usize },
 }
 
+/// Longest part of the caller's text an error message repeats.
+const SHOWN_CHARS: usize = 80;
+
+/// `s` quoted for an error message, cut after [`SHOWN_CHARS`] characters
+/// so a hostile value cannot make the message huge.
+fn shown(s: &str) -> String {
+    match s.char_indices().nth(SHOWN_CHARS) {
+        None => format!("{s:?}"),
+        Some((at, _)) => format!("{:?}... ({} bytes)", &s[..at], s.len()),
+    }
+}
+
 fn name_note(name: &Option<String>) -> String {
     match name {
-        Some(n) => format!(" ({n:?})"),
+        Some(n) => format!(" ({})", shown(n)),
         None => String::new(),
     }
 }
 
 fn key_note(key: &Option<String>) -> String {
     match key {
-        Some(k) => format!("key {k:?}: "),
+        Some(k) => format!("key {}: ", shown(k)),
         None => String::new(),
     }
 }
@@ -346,19 +358,22 @@ fn parse_comma(value: &str, default_namespace: &str) -> Result<Vec<Selection>, P
         for part in [namespace, name] {
             if !part.is_empty() && (!is_dns_label_pattern(part) || part.len() > MAX_OBJECT_NAME) {
                 return Err(bad(format!(
-                    "{part:?} must consist of lower case alphanumeric characters or '-' and start and end with an alphanumeric character"
+                    "{} must consist of lower case alphanumeric characters or '-' and start and end with an alphanumeric character",
+                    shown(part)
                 )));
             }
         }
         if namespace.len() > MAX_NAMESPACE {
             return Err(bad(format!(
-                "namespace {namespace:?} is longer than {MAX_NAMESPACE} characters"
+                "namespace {} is longer than {MAX_NAMESPACE} characters",
+                shown(namespace)
             )));
         }
         let interface = if ifname.is_empty() {
             None
         } else {
-            check_ifname(ifname).map_err(|e| bad(format!("interface name {ifname:?}: {e}")))?;
+            check_ifname(ifname)
+                .map_err(|e| bad(format!("interface name {}: {e}", shown(ifname))))?;
             Some(ifname.to_string())
         };
         out.push(Selection {
@@ -488,7 +503,7 @@ fn parse_element(
                 for gw in list {
                     ips.push(
                         gw.parse::<IpAddr>()
-                            .map_err(|_| bad(key, format!("invalid IP address {gw:?}")))?,
+                            .map_err(|_| bad(key, format!("invalid IP address {}", shown(&gw))))?,
                     );
                 }
                 s.default_route = Some(ips);
@@ -563,7 +578,10 @@ fn finish(index: usize, mut s: Selection, default_namespace: &str) -> Result<Sel
         return Err(bad(
             &s,
             "name",
-            format!("{:?} is not a valid Kubernetes object name (lower case alphanumerics, '-' and '.')", s.name),
+            format!(
+                "{} is not a valid Kubernetes object name (lower case alphanumerics, '-' and '.')",
+                shown(&s.name)
+            ),
         ));
     }
     if s.namespace.is_empty() {
@@ -572,7 +590,7 @@ fn finish(index: usize, mut s: Selection, default_namespace: &str) -> Result<Sel
         return Err(bad(
             &s,
             "namespace",
-            format!("{:?} is not a valid namespace name", s.namespace),
+            format!("{} is not a valid namespace name", shown(&s.namespace)),
         ));
     }
     if let Some(mac) = &s.mac {
@@ -580,7 +598,10 @@ fn finish(index: usize, mut s: Selection, default_namespace: &str) -> Result<Sel
             return Err(bad(
                 &s,
                 "mac",
-                format!("failed to parse MAC address {mac:?}: invalid MAC address"),
+                format!(
+                    "failed to parse MAC address {}: invalid MAC address",
+                    shown(mac)
+                ),
             ));
         }
     }
@@ -589,22 +610,37 @@ fn finish(index: usize, mut s: Selection, default_namespace: &str) -> Result<Sel
             return Err(bad(
                 &s,
                 "infiniband-guid",
-                format!("failed to validate infiniband GUID {guid:?}: invalid MAC address"),
+                format!(
+                    "failed to validate infiniband GUID {}: invalid MAC address",
+                    shown(guid)
+                ),
             ));
         }
     }
     for ip in &s.ips {
         if ip.contains('/') {
             if !is_cidr(ip) {
-                return Err(bad(&s, "ips", format!("failed to parse CIDR {ip:?}")));
+                return Err(bad(
+                    &s,
+                    "ips",
+                    format!("failed to parse CIDR {}", shown(ip)),
+                ));
             }
         } else if ip.parse::<IpAddr>().is_err() {
-            return Err(bad(&s, "ips", format!("failed to parse IP address {ip:?}")));
+            return Err(bad(
+                &s,
+                "ips",
+                format!("failed to parse IP address {}", shown(ip)),
+            ));
         }
     }
     if let Some(i) = &s.interface {
         if let Err(e) = check_ifname(i) {
-            return Err(bad(&s, "interface", format!("interface name {i:?}: {e}")));
+            return Err(bad(
+                &s,
+                "interface",
+                format!("interface name {}: {e}", shown(i)),
+            ));
         }
     }
     Ok(s)
@@ -1082,6 +1118,21 @@ mod tests {
             nets(&vec!["a"; MAX_NETWORKS].join(",")).unwrap().len(),
             MAX_NETWORKS
         );
+    }
+
+    #[test]
+    fn errors_should_not_repeat_huge_values() {
+        let e = nets(&format!("{},a", "X".repeat(100_000)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400 && e.contains("(100000 bytes)"), "{e}");
+        let v = format!(
+            r#"[{{"name":"{}","mac":"{}"}}]"#,
+            "n".repeat(50_000),
+            "m".repeat(50_000)
+        );
+        let e = nets(&v).unwrap_err().to_string();
+        assert!(e.len() < 400, "{e}");
     }
 
     #[test]

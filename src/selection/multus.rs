@@ -390,7 +390,9 @@ fn parse_comma(value: &str, default_namespace: &str) -> Result<Vec<Selection>, P
     Ok(out)
 }
 
-fn json_kind(v: &Value) -> &'static str {
+/// What kind of JSON value `v` is, for error messages (which never
+/// repeat the value itself).
+pub(super) fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -23,7 +23,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::multus::Selection;
+use super::multus::{json_kind, Selection};
 use crate::cni::types::{ConfigError, NetworkList};
 
 /// The delegate configuration of one NAD.
@@ -175,12 +175,22 @@ pub fn delegate_from_spec(
             config.insert("name".into(), nad_name.into());
         }
         Some(Value::String(_)) => {}
-        Some(other) => return Err(bad(format!("\"name\" must be a string, found {other}"))),
+        Some(other) => {
+            return Err(bad(format!(
+                "\"name\" must be a string, found {}",
+                json_kind(other)
+            )))
+        }
     }
     let is_list = match config.get("type") {
         None | Some(Value::Null) => true,
         Some(Value::String(t)) => t.is_empty(),
-        Some(other) => return Err(bad(format!("\"type\" must be a string, found {other}"))),
+        Some(other) => {
+            return Err(bad(format!(
+                "\"type\" must be a string, found {}",
+                json_kind(other)
+            )))
+        }
     };
     if is_list {
         check_list(&config).map_err(bad)?;
@@ -202,14 +212,22 @@ fn check_list(config: &Map<String, Value>) -> Result<(), String> {
             return Err("the delegate must have the 'type' or 'plugins' field".into())
         }
         Some(Value::Array(p)) => p,
-        Some(other) => return Err(format!("\"plugins\" must be a list, found {other}")),
+        Some(other) => {
+            return Err(format!(
+                "\"plugins\" must be a list, found {}",
+                json_kind(other)
+            ))
+        }
     };
     let Some(first) = plugins.first() else {
         return Err("\"plugins\" is empty".into());
     };
     for (i, p) in plugins.iter().enumerate() {
         if !p.is_object() {
-            return Err(format!("plugins[{i}] must be an object, found {p}"));
+            return Err(format!(
+                "plugins[{i}] must be an object, found {}",
+                json_kind(p)
+            ));
         }
     }
     match first.get("type") {
@@ -224,7 +242,8 @@ fn merge_into(plugin: &mut Map<String, Value>, args: &Map<String, Value>) -> Res
         .or_insert_with(|| Value::Object(Map::new()));
     let Value::Object(outer) = outer else {
         return Err(format!(
-            "\"args\" must be an object to take cni-args, found {outer}"
+            "\"args\" must be an object to take cni-args, found {}",
+            json_kind(outer)
         ));
     };
     let cni = outer
@@ -232,7 +251,8 @@ fn merge_into(plugin: &mut Map<String, Value>, args: &Map<String, Value>) -> Res
         .or_insert_with(|| Value::Object(Map::new()));
     let Value::Object(cni) = cni else {
         return Err(format!(
-            "\"args.cni\" must be an object to take cni-args, found {cni}"
+            "\"args.cni\" must be an object to take cni-args, found {}",
+            json_kind(cni)
         ));
     };
     for (k, v) in args {

@@ -341,6 +341,75 @@ fn status_result_json() -> impl Strategy<Value = serde_json::Value> {
         })
 }
 
+/// A DNS-1123 label, the comma form's rule for names and namespaces.
+fn dns_label() -> impl Strategy<Value = String> {
+    "[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?"
+}
+
+/// Arbitrary JSON, with the selection element's keys and values that
+/// almost parse (addresses, MACs, names) among the random ones.
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+        "\\PC{0,12}".prop_map(Value::from),
+        prop::sample::select(vec![
+            "net-a",
+            "ns",
+            "eth1",
+            "10.0.0.1",
+            "10.0.0.1/24",
+            "fd00::1/64",
+            "::",
+            "02:00:00:00:00:01",
+            "0000.5e00.5301",
+            "00:11:22:33:44:55:66:77",
+            "",
+            "way-too-long-interface",
+        ])
+        .prop_map(Value::from),
+    ];
+    let key = prop_oneof![
+        prop::sample::select(vec![
+            "name",
+            "namespace",
+            "interface",
+            "interfaceRequest",
+            "ips",
+            "mac",
+            "infiniband-guid",
+            "portMappings",
+            "bandwidth",
+            "cni-args",
+            "default-route",
+            "deviceID",
+            "ipam-claim-reference",
+            "NAME",
+            "Interface",
+            "hostPort",
+            "containerPort",
+            "ingressRate",
+            "args",
+            "cni",
+            "type",
+            "plugins",
+        ])
+        .prop_map(String::from),
+        "\\PC{0,8}",
+    ];
+    leaf.prop_recursive(4, 48, 6, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec((key.clone(), inner), 0..8)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+}
+
 proptest! {
     #![proptest_config(cases())]
 
@@ -424,5 +493,91 @@ proptest! {
             let text = serde_json::to_string(&d).unwrap();
             prop_assert_eq!(DeviceInfo::parse(text.as_bytes()), Some(d));
         }
+    }
+
+    /// Valid comma-form annotations print (`ns/name@ifname`) and parse back
+    /// to the same selections; unqualified names get the pod's namespace.
+    #[test]
+    fn annotation_comma_form_print_then_parse_is_identity(
+        items in prop::collection::vec(
+            (prop::option::of(dns_label()), dns_label(), prop::option::of("[a-z][a-z0-9]{0,14}")),
+            1..8,
+        )
+    ) {
+        use plexus::selection::multus::parse_networks_annotation;
+        let text = items
+            .iter()
+            .map(|(ns, name, i)| {
+                let mut s = ns.as_ref().map(|n| format!("{n}/")).unwrap_or_default();
+                s.push_str(name);
+                if let Some(i) = i {
+                    s.push('@');
+                    s.push_str(i);
+                }
+                s
+            })
+            .collect::<Vec<_>>()
+            .join(" , ");
+        let parsed = parse_networks_annotation(Some(&text), "pod-ns")
+            .map_err(|e| TestCaseError::fail(format!("{text:?}: {e}")))?;
+        prop_assert_eq!(parsed.len(), items.len());
+        for (s, (ns, name, i)) in parsed.iter().zip(&items) {
+            prop_assert_eq!(s.namespace.as_str(), ns.as_deref().unwrap_or("pod-ns"));
+            prop_assert_eq!(&s.name, name);
+            prop_assert_eq!(&s.interface, i);
+        }
+        let printed = parsed.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+        let again = parse_networks_annotation(Some(&printed), "other-ns").unwrap();
+        prop_assert_eq!(again, parsed);
+    }
+
+    /// Any JSON, as a list or bare, never panics the annotation parsers;
+    /// what they accept is fully valid.
+    #[test]
+    fn annotation_json_form_never_panics(doc in json_value(), wrap in any::<bool>()) {
+        use plexus::selection::multus::{parse_default_network_annotation, parse_hardware_addr, parse_networks_annotation};
+        let doc = if wrap { serde_json::Value::Array(vec![doc]) } else { doc };
+        let text = doc.to_string();
+        if let Ok(list) = parse_networks_annotation(Some(&text), "pod-ns") {
+            for s in &list {
+                prop_assert!(!s.name.is_empty() && !s.namespace.is_empty(), "{:?}", s);
+                if let Some(i) = &s.interface {
+                    prop_assert!(plexus::names::check_ifname(i).is_ok(), "{:?}", i);
+                }
+                if let Some(m) = &s.mac {
+                    prop_assert!(parse_hardware_addr(m).is_some(), "{:?}", m);
+                }
+            }
+        }
+        if let Ok(Some(d)) = parse_default_network_annotation(Some(&text), "kube-system") {
+            prop_assert!(!d.name.is_empty());
+        }
+        // The same document as a NAD's spec.config never panics either;
+        // an accepted one always has a name and a type somewhere.
+        if let Ok(d) = plexus::selection::nad::delegate_from_spec("ns", "nad", &text, doc.as_object()) {
+            prop_assert!(!d.network_name().is_empty());
+            let typed = if d.is_list { &d.config["plugins"][0]["type"] } else { &d.config["type"] };
+            prop_assert!(typed.as_str().is_some_and(|t| !t.is_empty()), "{}", text);
+        }
+    }
+
+    /// Hostile text (random, huge, repeated separators, deep nesting) gives
+    /// an answer or an error, never a panic, within the bounds.
+    #[test]
+    fn annotation_hostile_text_is_bounded(
+        s in "\\PC{0,60}|[a-z/@, \\[\\]{}\"]{0,60}",
+        repeat in 1usize..20_000,
+    ) {
+        use plexus::selection::multus::{parse_networks_annotation, MAX_ANNOTATION_BYTES};
+        use plexus::selection::MAX_NETWORKS;
+        if let Ok(list) = parse_networks_annotation(Some(&s), "ns") {
+            prop_assert!(list.len() <= MAX_NETWORKS);
+        }
+        let big = s.repeat(repeat);
+        if let Ok(list) = parse_networks_annotation(Some(&big), "ns") {
+            prop_assert!(list.len() <= MAX_NETWORKS && big.len() <= MAX_ANNOTATION_BYTES);
+        }
+        let deep = format!("{}{}", "[".repeat(repeat), "]".repeat(repeat));
+        let _ = parse_networks_annotation(Some(&deep), "ns");
     }
 }

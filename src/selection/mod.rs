@@ -12,6 +12,9 @@
 //! Kubernetes. Where the requested networks come from (a CNI_ARGS key now,
 //! pod annotations later) is the caller's business.
 
+pub mod multus;
+pub mod nad;
+
 use std::fmt;
 
 use crate::names::{check_ifname, is_valid_name};

@@ -1,0 +1,1296 @@
+//! The Kubernetes sources of a selection: the pod annotations
+//! `k8s.v1.cni.cncf.io/networks` and `v1.multus-cni.io/default-network`,
+//! parsed the way multus parses them, and what one selected network hands
+//! to its plugins (capability arguments and the legacy `IP=`/`MAC=`
+//! CNI_ARGS).
+//!
+//! Everything here is a pure function of strings and JSON values. The
+//! static `PLEXUS_NETWORKS` source ([`super::parse_networks`]) and these
+//! annotations meet in [`Selection`]: [`Selection::from_element`] lifts a
+//! static element, [`Selection::element`] gives what [`super::select`]
+//! orders and names, so both sources take one path.
+//!
+//! Where Plexus differs from multus on purpose, the item's documentation
+//! says so and why; the differences only ever turn an input multus accepts
+//! and later fails on (or panics on) into an earlier, clearer error.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use serde_json::{Map, Value};
+
+use super::{Element, MAX_NETWORKS};
+use crate::names::check_ifname;
+
+/// The pod annotation listing additional networks.
+pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
+
+/// The pod annotation replacing the cluster network.
+pub const DEFAULT_NETWORK_ANNOTATION: &str = "v1.multus-cni.io/default-network";
+
+/// Longest annotation value read, in bytes. Kubernetes caps all of an
+/// object's annotations together at 256 KiB, so a longer value cannot come
+/// from the API server; the bound keeps a hostile caller from making the
+/// parser do unbounded work.
+pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
+
+/// Longest Kubernetes object name (DNS-1123 subdomain).
+const MAX_OBJECT_NAME: usize = 253;
+
+/// Longest namespace name (DNS-1123 label).
+const MAX_NAMESPACE: usize = 63;
+
+/// Where the device information file of a network with a device ID goes
+/// (the network-attachment-definition client's fixed directory).
+pub const DEVICE_INFO_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/cni";
+
+/// One `portMappings` entry of a selection element.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortMapping {
+    pub host_port: i64,
+    pub container_port: i64,
+    pub protocol: Option<String>,
+    pub host_ip: Option<String>,
+}
+
+impl PortMapping {
+    /// The capability argument form: empty `protocol`/`hostIP` left out,
+    /// as multus serialises it.
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("hostPort".into(), self.host_port.into());
+        m.insert("containerPort".into(), self.container_port.into());
+        if let Some(p) = self.protocol.as_deref().filter(|p| !p.is_empty()) {
+            m.insert("protocol".into(), p.into());
+        }
+        if let Some(ip) = self.host_ip.as_deref().filter(|p| !p.is_empty()) {
+            m.insert("hostIP".into(), ip.into());
+        }
+        Value::Object(m)
+    }
+}
+
+/// The `bandwidth` of a selection element (absent rates are 0, as in
+/// multus).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Bandwidth {
+    pub ingress_rate: i64,
+    pub ingress_burst: i64,
+    pub egress_rate: i64,
+    pub egress_burst: i64,
+}
+
+impl Bandwidth {
+    /// The capability argument form.
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("ingressRate".into(), self.ingress_rate.into());
+        m.insert("ingressBurst".into(), self.ingress_burst.into());
+        m.insert("egressRate".into(), self.egress_rate.into());
+        m.insert("egressBurst".into(), self.egress_burst.into());
+        Value::Object(m)
+    }
+}
+
+/// One selected network with every key of a multus selection element,
+/// validated, the namespace filled in.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Selection {
+    /// The NetworkAttachmentDefinition's name.
+    pub name: String,
+    /// Its namespace; the pod's (or multusNamespace) when not given.
+    pub namespace: String,
+    /// `interface`, or the legacy `interfaceRequest` when `interface` is
+    /// empty.
+    pub interface: Option<String>,
+    /// `ips`: addresses or CIDRs, as written.
+    pub ips: Vec<String>,
+    /// `mac`, as written (valid per Go's `net.ParseMAC`).
+    pub mac: Option<String>,
+    /// `infiniband-guid`, as written (valid per Go's `net.ParseMAC`).
+    pub infiniband_guid: Option<String>,
+    /// `portMappings`; `None` when absent (then the runtime's are kept,
+    /// see [`RuntimeInherit`]).
+    pub port_mappings: Option<Vec<PortMapping>>,
+    pub bandwidth: Option<Bandwidth>,
+    /// `cni-args`, merged into the delegate config's `args.cni`.
+    pub cni_args: Option<Map<String, Value>>,
+    /// `default-route`: `Some(vec![])` is meaningful (the key was given).
+    pub default_route: Option<Vec<IpAddr>>,
+    /// `deviceID`.
+    pub device_id: Option<String>,
+}
+
+impl Selection {
+    /// Lifts an element of the static `PLEXUS_NETWORKS` source; an
+    /// unqualified name gets `default_namespace`.
+    pub fn from_element(e: &Element, default_namespace: &str) -> Self {
+        Self {
+            name: e.name.clone(),
+            namespace: e
+                .namespace
+                .clone()
+                .unwrap_or_else(|| default_namespace.to_string()),
+            interface: e.interface.clone(),
+            ..Self::default()
+        }
+    }
+
+    /// What [`super::select`] orders and names. Its output keeps the
+    /// order of its input, so `selected[1 + defaults + i]` belongs to
+    /// `selections[i]`.
+    pub fn element(&self) -> Element {
+        Element {
+            namespace: Some(self.namespace.clone()),
+            name: self.name.clone(),
+            interface: self.interface.clone(),
+        }
+    }
+
+    /// `<namespace>/<name>`: the name multus shows in network-status,
+    /// events and device-info file names.
+    pub fn display_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The comma form: `namespace/name@ifname`.
+impl fmt::Display for Selection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)?;
+        if let Some(i) = &self.interface {
+            write!(f, "@{i}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong with an annotation. Items (comma form) and elements
+/// (JSON form) are counted from 0, as in `plugins[0]`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    #[error("the value is {len} bytes long; at most {MAX_ANNOTATION_BYTES} are read")]
+    TooLong { len: usize },
+    #[error("{count} networks listed; at most {MAX_NETWORKS} are allowed per container")]
+    TooMany { count: usize },
+    #[error("failed to parse the JSON format: {why}")]
+    Json { why: String },
+    #[error("the JSON format must be a list of selection objects, found {found}")]
+    NotAList { found: &'static str },
+    #[error("item {index} ({}): {why}", shown(.item))]
+    Item {
+        index: usize,
+        item: String,
+        why: String,
+    },
+    #[error("element {index}{}: {}{why}", name_note(.name), key_note(.key))]
+    Element {
+        index: usize,
+        name: Option<String>,
+        key: Option<String>,
+        why: String,
+    },
+    #[error("the value names no network")]
+    Empty,
+    #[error("more than one default network is specified ({count})")]
+    MoreThanOne { count: usize },
+}
+
+/// Longest part of the caller's text an error message repeats.
+const SHOWN_CHARS: usize = 80;
+
+/// `s` quoted for an error message, cut after [`SHOWN_CHARS`] characters
+/// so a hostile value cannot make the message huge.
+fn shown(s: &str) -> String {
+    match s.char_indices().nth(SHOWN_CHARS) {
+        None => format!("{s:?}"),
+        Some((at, _)) => format!("{:?}... ({} bytes)", &s[..at], s.len()),
+    }
+}
+
+fn name_note(name: &Option<String>) -> String {
+    match name {
+        Some(n) => format!(" ({})", shown(n)),
+        None => String::new(),
+    }
+}
+
+fn key_note(key: &Option<String>) -> String {
+    match key {
+        Some(k) => format!("key {}: ", shown(k)),
+        None => String::new(),
+    }
+}
+
+/// An annotation that cannot be used; the ADD fails with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod annotation {annotation}: {problem}")]
+pub struct AnnotationError {
+    pub annotation: &'static str,
+    pub problem: Problem,
+}
+
+/// Parses `k8s.v1.cni.cncf.io/networks` (multus `parsePodNetworkAnnotation`).
+///
+/// `None` or an empty value selects nothing. A value holding `[`, `{` or
+/// `"` is the JSON form, a list of selection objects; anything else is the
+/// comma form `[namespace/]name[@ifname]`. Elements without a namespace get
+/// `pod_namespace`.
+///
+/// Differences from multus, all turning a later failure into an earlier,
+/// clearer one:
+/// - an empty item (`a,,b`, a trailing comma) is refused; multus asks for a
+///   network named "" and fails the lookup;
+/// - a `null` element of the JSON list is refused (multus dereferences it
+///   and panics);
+/// - JSON-form names and namespaces must be valid Kubernetes names
+///   (DNS-1123 subdomain / label), which no lookup could match otherwise;
+/// - interface names are checked in both forms with the kernel's rules
+///   ([`check_ifname`]: also `:`, `.`/`..` and control characters), where
+///   multus checks the comma form's length, whitespace and `/` only and
+///   lets the kernel refuse the rest;
+/// - `default-route` entries must be non-empty strings (Go reads `""` as a
+///   nil address and counts it as an IPv6 gateway);
+/// - the value and the element count are bounded ([`MAX_ANNOTATION_BYTES`],
+///   [`MAX_NETWORKS`]).
+///
+/// JSON keys match as Go's `encoding/json` does: exactly, else ignoring
+/// ASCII case; unknown keys (`ipam-claim-reference` among them) are
+/// ignored.
+pub fn parse_networks_annotation(
+    value: Option<&str>,
+    pod_namespace: &str,
+) -> Result<Vec<Selection>, AnnotationError> {
+    let err = |problem| AnnotationError {
+        annotation: NETWORKS_ANNOTATION,
+        problem,
+    };
+    match value {
+        None | Some("") => Ok(Vec::new()),
+        Some(v) => parse_value(v, pod_namespace).map_err(err),
+    }
+}
+
+/// Parses `v1.multus-cni.io/default-network` (multus
+/// `tryLoadK8sPodDefaultNetwork`): the same two forms, unqualified names in
+/// `multus_namespace`, at most one network. `None` means no override.
+///
+/// A present but empty value (or `[]`) is an error, as in multus (which
+/// panics on `[]`). The element's `interface`, when given, is kept: multus
+/// then names the cluster interface with it instead of the runtime's
+/// `CNI_IFNAME`, and DEL must recompute the same name.
+pub fn parse_default_network_annotation(
+    value: Option<&str>,
+    multus_namespace: &str,
+) -> Result<Option<Selection>, AnnotationError> {
+    let err = |problem| AnnotationError {
+        annotation: DEFAULT_NETWORK_ANNOTATION,
+        problem,
+    };
+    let Some(v) = value else {
+        return Ok(None);
+    };
+    if v.trim().is_empty() {
+        return Err(err(Problem::Empty));
+    }
+    let mut list = parse_value(v, multus_namespace).map_err(err)?;
+    match list.len() {
+        0 => Err(err(Problem::Empty)),
+        1 => Ok(list.pop()),
+        count => Err(err(Problem::MoreThanOne { count })),
+    }
+}
+
+fn parse_value(value: &str, default_namespace: &str) -> Result<Vec<Selection>, Problem> {
+    if value.len() > MAX_ANNOTATION_BYTES {
+        return Err(Problem::TooLong { len: value.len() });
+    }
+    if value.contains(['[', '{', '"']) {
+        parse_json(value, default_namespace)
+    } else {
+        parse_comma(value, default_namespace)
+    }
+}
+
+/// DNS-1123 label pattern `^[a-z0-9]([-a-z0-9]*[a-z0-9])?$` (no length
+/// limit, as in multus's comma form).
+fn is_dns_label_pattern(s: &str) -> bool {
+    let b = s.as_bytes();
+    let edge = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    match (b.first(), b.last()) {
+        (Some(&f), Some(&l)) => edge(f) && edge(l) && b.iter().all(|&c| edge(c) || c == b'-'),
+        _ => false,
+    }
+}
+
+/// DNS-1123 subdomain: dot-separated labels, at most 253 bytes.
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= MAX_OBJECT_NAME && s.split('.').all(is_dns_label_pattern)
+}
+
+fn parse_comma(value: &str, default_namespace: &str) -> Result<Vec<Selection>, Problem> {
+    // Counting commas first keeps a huge list from being parsed.
+    let count = value.matches(',').count() + 1;
+    if count > MAX_NETWORKS {
+        return Err(Problem::TooMany { count });
+    }
+    let mut out = Vec::with_capacity(count);
+    for (index, raw) in value.split(',').enumerate() {
+        let item = raw.trim();
+        let bad = |why: String| Problem::Item {
+            index,
+            item: item.to_string(),
+            why,
+        };
+        let (namespace, rest) = match item.splitn(3, '/').collect::<Vec<_>>()[..] {
+            [rest] => ("", rest),
+            [ns, rest] => (ns.trim(), rest),
+            _ => return Err(bad("invalid network object (more than one '/')".into())),
+        };
+        let (name, ifname) = match rest.splitn(3, '@').collect::<Vec<_>>()[..] {
+            [n] => (n.trim(), ""),
+            [n, i] => (n.trim(), i.trim()),
+            _ => return Err(bad("invalid network object (more than one '@')".into())),
+        };
+        if name.is_empty() {
+            return Err(bad("no network name".into()));
+        }
+        for part in [namespace, name] {
+            if !part.is_empty() && (!is_dns_label_pattern(part) || part.len() > MAX_OBJECT_NAME) {
+                return Err(bad(format!(
+                    "{} must consist of lower case alphanumeric characters or '-' and start and end with an alphanumeric character",
+                    shown(part)
+                )));
+            }
+        }
+        if namespace.len() > MAX_NAMESPACE {
+            return Err(bad(format!(
+                "namespace {} is longer than {MAX_NAMESPACE} characters",
+                shown(namespace)
+            )));
+        }
+        let interface = if ifname.is_empty() {
+            None
+        } else {
+            check_ifname(ifname)
+                .map_err(|e| bad(format!("interface name {}: {e}", shown(ifname))))?;
+            Some(ifname.to_string())
+        };
+        out.push(Selection {
+            name: name.to_string(),
+            namespace: if namespace.is_empty() {
+                default_namespace.to_string()
+            } else {
+                namespace.to_string()
+            },
+            interface,
+            ..Selection::default()
+        });
+    }
+    Ok(out)
+}
+
+/// What kind of JSON value `v` is, for error messages (which never
+/// repeat the value itself).
+pub(super) fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn parse_json(value: &str, default_namespace: &str) -> Result<Vec<Selection>, Problem> {
+    // serde_json limits nesting (128 levels), so hostile input cannot
+    // exhaust the stack; the length was bounded by the caller.
+    let doc: Value =
+        serde_json::from_str(value).map_err(|e| Problem::Json { why: e.to_string() })?;
+    let items = match doc {
+        Value::Array(items) => items,
+        other => {
+            return Err(Problem::NotAList {
+                found: json_kind(&other),
+            })
+        }
+    };
+    if items.len() > MAX_NETWORKS {
+        return Err(Problem::TooMany { count: items.len() });
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| parse_element(index, item, default_namespace))
+        .collect()
+}
+
+/// The keys of a selection element, as multus spells them.
+const KEYS: &[&str] = &[
+    "name",
+    "namespace",
+    "ips",
+    "mac",
+    "infiniband-guid",
+    "interface",
+    "interfaceRequest",
+    "portMappings",
+    "bandwidth",
+    "deviceID",
+    "cni-args",
+    "default-route",
+];
+
+/// Finds the element key `key` names the way Go's `encoding/json` does.
+fn canonical_key(key: &str) -> Option<&'static str> {
+    KEYS.iter()
+        .find(|k| **k == key)
+        .or_else(|| KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)))
+        .copied()
+}
+
+fn parse_element(
+    index: usize,
+    item: &Value,
+    default_namespace: &str,
+) -> Result<Selection, Problem> {
+    let Value::Object(obj) = item else {
+        return Err(Problem::Element {
+            index,
+            name: None,
+            key: None,
+            why: format!("must be an object, found {}", json_kind(item)),
+        });
+    };
+    let name_hint = obj
+        .iter()
+        .find(|(k, _)| canonical_key(k) == Some("name"))
+        .and_then(|(_, v)| v.as_str())
+        .map(str::to_string);
+    let bad = |key: &str, why: String| Problem::Element {
+        index,
+        name: name_hint.clone(),
+        key: Some(key.to_string()),
+        why,
+    };
+    let mut s = Selection::default();
+    let mut interface_request = None;
+    for (key, v) in obj {
+        let Some(canon) = canonical_key(key) else {
+            continue;
+        };
+        let string = || -> Result<String, Problem> {
+            match v {
+                Value::Null => Ok(String::new()),
+                Value::String(s) => Ok(s.clone()),
+                other => Err(bad(
+                    key,
+                    format!("must be a string, found {}", json_kind(other)),
+                )),
+            }
+        };
+        match canon {
+            "name" => s.name = string()?,
+            "namespace" => s.namespace = string()?,
+            "interface" => s.interface = Some(string()?).filter(|i| !i.is_empty()),
+            "interfaceRequest" => interface_request = Some(string()?).filter(|i| !i.is_empty()),
+            "mac" => s.mac = Some(string()?).filter(|i| !i.is_empty()),
+            "infiniband-guid" => s.infiniband_guid = Some(string()?).filter(|i| !i.is_empty()),
+            "deviceID" => s.device_id = Some(string()?).filter(|i| !i.is_empty()),
+            "ips" => s.ips = string_list(v).map_err(|why| bad(key, why))?,
+            "default-route" if !v.is_null() => {
+                let list = string_list(v).map_err(|why| bad(key, why))?;
+                let mut ips = Vec::with_capacity(list.len());
+                for gw in list {
+                    ips.push(
+                        gw.parse::<IpAddr>()
+                            .map_err(|_| bad(key, format!("invalid IP address {}", shown(&gw))))?,
+                    );
+                }
+                s.default_route = Some(ips);
+            }
+            "cni-args" => match v {
+                Value::Null => {}
+                Value::Object(m) => s.cni_args = Some(m.clone()),
+                other => {
+                    return Err(bad(
+                        key,
+                        format!("must be an object, found {}", json_kind(other)),
+                    ))
+                }
+            },
+            "bandwidth" => match v {
+                Value::Null => {}
+                Value::Object(m) => {
+                    s.bandwidth = Some(parse_bandwidth(m).map_err(|why| bad(key, why))?)
+                }
+                other => {
+                    return Err(bad(
+                        key,
+                        format!("must be an object, found {}", json_kind(other)),
+                    ))
+                }
+            },
+            "portMappings" => match v {
+                Value::Null => {}
+                Value::Array(items) => {
+                    let mut out = Vec::with_capacity(items.len());
+                    for (i, p) in items.iter().enumerate() {
+                        out.push(
+                            parse_port_mapping(p)
+                                .map_err(|why| bad(&format!("{key}[{i}]"), why))?,
+                        );
+                    }
+                    s.port_mappings = Some(out);
+                }
+                other => {
+                    return Err(bad(
+                        key,
+                        format!("must be a list, found {}", json_kind(other)),
+                    ))
+                }
+            },
+            _ => {}
+        }
+    }
+    if s.interface.is_none() {
+        s.interface = interface_request;
+    }
+    finish(index, s, default_namespace)
+}
+
+/// The checks multus runs after parsing either form, and Plexus's name
+/// checks for the JSON form.
+fn finish(index: usize, mut s: Selection, default_namespace: &str) -> Result<Selection, Problem> {
+    let bad = |s: &Selection, key: &str, why: String| Problem::Element {
+        index,
+        name: Some(s.name.clone()).filter(|n| !n.is_empty()),
+        key: Some(key.to_string()),
+        why,
+    };
+    if s.name.is_empty() {
+        return Err(bad(
+            &s,
+            "name",
+            "missing: the NetworkAttachmentDefinition's name is required".into(),
+        ));
+    }
+    if !is_dns_subdomain(&s.name) {
+        return Err(bad(
+            &s,
+            "name",
+            format!(
+                "{} is not a valid Kubernetes object name (lower case alphanumerics, '-' and '.')",
+                shown(&s.name)
+            ),
+        ));
+    }
+    if s.namespace.is_empty() {
+        s.namespace = default_namespace.to_string();
+    } else if !is_dns_label_pattern(&s.namespace) || s.namespace.len() > MAX_NAMESPACE {
+        return Err(bad(
+            &s,
+            "namespace",
+            format!("{} is not a valid namespace name", shown(&s.namespace)),
+        ));
+    }
+    if let Some(mac) = &s.mac {
+        if parse_hardware_addr(mac).is_none() {
+            return Err(bad(
+                &s,
+                "mac",
+                format!(
+                    "failed to parse MAC address {}: invalid MAC address",
+                    shown(mac)
+                ),
+            ));
+        }
+    }
+    if let Some(guid) = &s.infiniband_guid {
+        if parse_hardware_addr(guid).is_none() {
+            return Err(bad(
+                &s,
+                "infiniband-guid",
+                format!(
+                    "failed to validate infiniband GUID {}: invalid MAC address",
+                    shown(guid)
+                ),
+            ));
+        }
+    }
+    for ip in &s.ips {
+        if ip.contains('/') {
+            if !is_cidr(ip) {
+                return Err(bad(
+                    &s,
+                    "ips",
+                    format!("failed to parse CIDR {}", shown(ip)),
+                ));
+            }
+        } else if ip.parse::<IpAddr>().is_err() {
+            return Err(bad(
+                &s,
+                "ips",
+                format!("failed to parse IP address {}", shown(ip)),
+            ));
+        }
+    }
+    if let Some(i) = &s.interface {
+        if let Err(e) = check_ifname(i) {
+            return Err(bad(
+                &s,
+                "interface",
+                format!("interface name {}: {e}", shown(i)),
+            ));
+        }
+    }
+    Ok(s)
+}
+
+fn string_list(v: &Value) -> Result<Vec<String>, String> {
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::String(s) => Ok(s.clone()),
+                other => Err(format!(
+                    "entry {i} must be a string, found {}",
+                    json_kind(other)
+                )),
+            })
+            .collect(),
+        other => Err(format!(
+            "must be a list of strings, found {}",
+            json_kind(other)
+        )),
+    }
+}
+
+/// A JSON number that fits Go's `int` (64-bit): integers only, as
+/// `encoding/json` reads them (`1.0` and `1e3` are refused).
+fn int(v: &Value) -> Result<i64, String> {
+    match v {
+        Value::Null => Ok(0),
+        Value::Number(n) => n
+            .as_i64()
+            .ok_or_else(|| format!("{n} is not an integer that fits 64 bits")),
+        other => Err(format!("must be an integer, found {}", json_kind(other))),
+    }
+}
+
+fn field<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    m.get(key).or_else(|| {
+        m.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v)
+    })
+}
+
+fn parse_bandwidth(m: &Map<String, Value>) -> Result<Bandwidth, String> {
+    let get = |key: &str| -> Result<i64, String> {
+        field(m, key).map_or(Ok(0), |v| int(v).map_err(|e| format!("{key}: {e}")))
+    };
+    Ok(Bandwidth {
+        ingress_rate: get("ingressRate")?,
+        ingress_burst: get("ingressBurst")?,
+        egress_rate: get("egressRate")?,
+        egress_burst: get("egressBurst")?,
+    })
+}
+
+fn parse_port_mapping(v: &Value) -> Result<PortMapping, String> {
+    let Value::Object(m) = v else {
+        return Err(format!("must be an object, found {}", json_kind(v)));
+    };
+    let int_key = |key: &str| -> Result<i64, String> {
+        field(m, key).map_or(Ok(0), |v| int(v).map_err(|e| format!("{key}: {e}")))
+    };
+    let str_key = |key: &str| -> Result<Option<String>, String> {
+        match field(m, key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone()).filter(|s| !s.is_empty())),
+            Some(other) => Err(format!(
+                "{key}: must be a string, found {}",
+                json_kind(other)
+            )),
+        }
+    };
+    Ok(PortMapping {
+        host_port: int_key("hostPort")?,
+        container_port: int_key("containerPort")?,
+        protocol: str_key("protocol")?,
+        host_ip: str_key("hostIP")?,
+    })
+}
+
+/// `ip/prefix` as Go's `net.ParseCIDR` reads it.
+fn is_cidr(s: &str) -> bool {
+    let Some((ip, prefix)) = s.split_once('/') else {
+        return false;
+    };
+    let Ok(ip) = ip.parse::<IpAddr>() else {
+        return false;
+    };
+    if prefix.is_empty() || prefix.len() > 3 || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    prefix.parse::<u32>().is_ok_and(|p| p <= max)
+}
+
+/// A hardware address as Go's `net.ParseMAC` reads it: 6, 8 or 20 bytes,
+/// written as hex pairs separated by `:` or `-`, or as hex quads separated
+/// by `.`. Returns the bytes.
+pub fn parse_hardware_addr(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    if b.len() < 14 {
+        return None;
+    }
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::new();
+    if b[2] == b':' || b[2] == b'-' {
+        if (b.len() + 1) % 3 != 0 {
+            return None;
+        }
+        let n = (b.len() + 1) / 3;
+        if !matches!(n, 6 | 8 | 20) {
+            return None;
+        }
+        for i in 0..n {
+            let at = 3 * i;
+            if i > 0 && b[at - 1] != b[2] {
+                return None;
+            }
+            out.push(hex(b[at])? << 4 | hex(b[at + 1])?);
+        }
+    } else if b[4] == b'.' {
+        if (b.len() + 1) % 5 != 0 {
+            return None;
+        }
+        let n = 2 * (b.len() + 1) / 5;
+        if !matches!(n, 6 | 8 | 20) {
+            return None;
+        }
+        for i in 0..n / 2 {
+            let at = 5 * i;
+            if i > 0 && b[at - 1] != b'.' {
+                return None;
+            }
+            out.push(hex(b[at])? << 4 | hex(b[at + 1])?);
+            out.push(hex(b[at + 2])? << 4 | hex(b[at + 3])?);
+        }
+    } else {
+        return None;
+    }
+    Some(out)
+}
+
+/// The runtime capability arguments multus knows; it drops every other
+/// key the runtime sends.
+pub const RUNTIME_KEYS: &[&str] = &[
+    "portMappings",
+    "bandwidth",
+    "ips",
+    "mac",
+    "infinibandGUID",
+    "deviceID",
+    "CNIDeviceInfoFile",
+];
+
+/// Which of the runtime's own capability arguments an additional network
+/// is offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RuntimeInherit {
+    /// As multus: the runtime's [`RUNTIME_KEYS`] values, overridden by the
+    /// element's. The pod's host ports and bandwidth then also reach an
+    /// additional network that declares those capabilities.
+    #[default]
+    Multus,
+    /// As the network plumbing specification (section 7.5) asks: only what
+    /// the element requests; the runtime's values belong to the cluster
+    /// network.
+    None,
+}
+
+/// The call-specific facts [`runtime_config`] needs.
+#[derive(Debug, Clone, Copy)]
+pub struct AttachmentFacts<'a> {
+    /// The runtime's container id.
+    pub container_id: &'a str,
+    /// The interface this network gets.
+    pub ifname: &'a str,
+    /// A device the NAD's `resourceName` allocated, if any: it wins over
+    /// the element's `deviceID`.
+    pub allocated_device: Option<&'a str>,
+}
+
+/// The `runtimeConfig` capability arguments for an additional network
+/// (multus `mergeCNIRuntimeConfig` and `newCNIRuntimeConf`): the runtime's
+/// known values per `inherit`, overridden by the element's `portMappings`,
+/// `bandwidth`, `ips`, `mac`, `infiniband-guid` and device ID. With a device
+/// ID, `CNIDeviceInfoFile` is
+/// `/var/run/k8s.cni.cncf.io/devinfo/cni/<namespace>-<name>-<containerID>_<ifname>`
+/// (every `/` of the file name turned into `-`). Keys are emitted only when
+/// non-empty.
+pub fn runtime_config(
+    sel: &Selection,
+    runtime: &Map<String, Value>,
+    inherit: RuntimeInherit,
+    facts: &AttachmentFacts<'_>,
+) -> Map<String, Value> {
+    let mut rc = Map::new();
+    if inherit == RuntimeInherit::Multus {
+        for key in RUNTIME_KEYS {
+            if let Some(v) = runtime.get(*key) {
+                rc.insert((*key).to_string(), v.clone());
+            }
+        }
+    }
+    if let Some(pm) = &sel.port_mappings {
+        rc.insert(
+            "portMappings".into(),
+            Value::Array(pm.iter().map(PortMapping::to_value).collect()),
+        );
+    }
+    if let Some(bw) = &sel.bandwidth {
+        rc.insert("bandwidth".into(), bw.to_value());
+    }
+    if !sel.ips.is_empty() {
+        rc.insert("ips".into(), sel.ips.clone().into());
+    }
+    if let Some(mac) = &sel.mac {
+        rc.insert("mac".into(), mac.clone().into());
+    }
+    if let Some(guid) = &sel.infiniband_guid {
+        rc.insert("infinibandGUID".into(), guid.clone().into());
+    }
+    let device = facts.allocated_device.or(sel.device_id.as_deref());
+    if let Some(id) = device.filter(|d| !d.is_empty()) {
+        rc.insert("deviceID".into(), id.into());
+        let file = format!(
+            "{}-{}_{}",
+            sel.display_name(),
+            facts.container_id,
+            facts.ifname
+        )
+        .replace('/', "-");
+        rc.insert(
+            "CNIDeviceInfoFile".into(),
+            format!("{DEVICE_INFO_DIR}/{file}").into(),
+        );
+    }
+    rc.retain(|_, v| !is_empty_value(v));
+    rc
+}
+
+/// multus's "non-empty": empty strings, lists and nulls are left out.
+fn is_empty_value(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    }
+}
+
+/// The legacy CNI_ARGS multus adds for an element: `MAC=<mac>` then
+/// `IP=<ips joined by commas>`.
+///
+/// Differs from multus: `"ips": []` adds nothing (multus adds an empty
+/// `IP=`, which IPAM plugins read as a request for no address at all).
+pub fn legacy_cni_args(sel: &Selection) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Some(mac) = &sel.mac {
+        out.push(("MAC".to_string(), mac.clone()));
+    }
+    if !sel.ips.is_empty() {
+        out.push(("IP".to_string(), sel.ips.join(",")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn nets(v: &str) -> Result<Vec<Selection>, AnnotationError> {
+        parse_networks_annotation(Some(v), "pod-ns")
+    }
+
+    fn short(list: &[Selection]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn absent_or_empty_should_select_nothing() {
+        assert!(parse_networks_annotation(None, "ns").unwrap().is_empty());
+        assert!(nets("").unwrap().is_empty());
+        // Without `[`, `{` or `"` it is the comma form: a network "null".
+        assert_eq!(short(&nets("null").unwrap()), ["pod-ns/null"]);
+        assert!(nets("[]").unwrap().is_empty());
+    }
+
+    #[test]
+    fn comma_form_should_parse_like_multus() {
+        // multus's own examples.
+        assert_eq!(
+            short(&nets("net-a,net-b").unwrap()),
+            ["pod-ns/net-a", "pod-ns/net-b"]
+        );
+        assert_eq!(
+            short(&nets(" other/net-a@eth1 , net-b@x , ns2 / net-c ").unwrap()),
+            ["other/net-a@eth1", "pod-ns/net-b@x", "ns2/net-c"]
+        );
+        // An empty interface after '@' is no interface.
+        assert_eq!(nets("a@").unwrap()[0].interface, None);
+    }
+
+    #[test]
+    fn comma_form_errors_should_say_what_and_where() {
+        for (bad, says) in [
+            ("a/b/c", "more than one '/'"),
+            ("a@b@c", "more than one '@'"),
+            ("ok,Net_A", "lower case alphanumeric"),
+            ("NS/net", "lower case alphanumeric"),
+            ("-a", "lower case alphanumeric"),
+            ("a-", "lower case alphanumeric"),
+            ("my.net", "lower case alphanumeric"),
+            ("a@this-is-too-long", "too long"),
+            ("a@x\ty", "whitespace"),
+            ("a,,b", "no network name"),
+            ("a,", "no network name"),
+            ("ns/", "no network name"),
+        ] {
+            let e = nets(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+            assert!(e.contains(NETWORKS_ANNOTATION), "{e}");
+        }
+        let e = nets("ok, x/y/z").unwrap_err().to_string();
+        assert!(e.contains("item 1") && e.contains("x/y/z"), "{e}");
+    }
+
+    #[test]
+    fn json_form_should_read_every_key() {
+        let v = json!([{
+            "name": "sriov",
+            "namespace": "other",
+            "interface": "net7",
+            "ips": ["10.1.1.2/24", "fd00::2"],
+            "mac": "02:00:00:00:00:01",
+            "infiniband-guid": "c2:11:22:33:44:55:66:77",
+            "portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}],
+            "bandwidth": {"ingressRate": 1000, "ingressBurst": 10, "egressRate": 2000, "egressBurst": 20},
+            "cni-args": {"foo": "bar", "n": 1},
+            "default-route": ["10.1.1.1"],
+            "deviceID": "0000:03:00.1",
+            "ipam-claim-reference": "claim",
+            "unknown": 1
+        }]);
+        let s = nets(&v.to_string()).unwrap().pop().unwrap();
+        assert_eq!(s.display_name(), "other/sriov");
+        assert_eq!(s.interface.as_deref(), Some("net7"));
+        assert_eq!(s.ips, ["10.1.1.2/24", "fd00::2"]);
+        assert_eq!(s.mac.as_deref(), Some("02:00:00:00:00:01"));
+        assert_eq!(
+            s.infiniband_guid.as_deref(),
+            Some("c2:11:22:33:44:55:66:77")
+        );
+        assert_eq!(
+            s.port_mappings,
+            Some(vec![PortMapping {
+                host_port: 8080,
+                container_port: 80,
+                protocol: Some("tcp".into()),
+                host_ip: None
+            }])
+        );
+        assert_eq!(
+            s.bandwidth,
+            Some(Bandwidth {
+                ingress_rate: 1000,
+                ingress_burst: 10,
+                egress_rate: 2000,
+                egress_burst: 20
+            })
+        );
+        assert_eq!(s.cni_args.as_ref().unwrap()["foo"], "bar");
+        assert_eq!(s.default_route, Some(vec!["10.1.1.1".parse().unwrap()]));
+        assert_eq!(s.device_id.as_deref(), Some("0000:03:00.1"));
+    }
+
+    #[test]
+    fn json_form_defaults_and_legacy_keys() {
+        let list = nets(r#"[{"name":"a","interfaceRequest":"old0"},{"name":"b","interface":"new0","interfaceRequest":"old1"},{"Name":"c","default-route":[]}]"#).unwrap();
+        assert_eq!(short(&list), ["pod-ns/a@old0", "pod-ns/b@new0", "pod-ns/c"]);
+        // "default-route": [] is kept as given: it changes route handling.
+        assert_eq!(list[2].default_route, Some(vec![]));
+        assert_eq!(list[0].default_route, None);
+    }
+
+    #[test]
+    fn json_form_errors_should_name_element_and_key() {
+        for (bad, says) in [
+            (
+                r#"{"name":"a"}"#,
+                "must be a list of selection objects, found an object",
+            ),
+            (r#"[{"name":"a"}"#, "failed to parse the JSON format"),
+            (r#"[null]"#, "element 0: must be an object, found null"),
+            (r#"[{"namespace":"x"}]"#, r#"key "name": missing"#),
+            (
+                r#"[{"name":"a"},{"name":"b","mac":"zz"}]"#,
+                r#"element 1 ("b"): key "mac": failed to parse MAC address "zz""#,
+            ),
+            (
+                r#"[{"name":"a","infiniband-guid":"00:11"}]"#,
+                "infiniband GUID",
+            ),
+            (
+                r#"[{"name":"a","ips":["10.0.0.300"]}]"#,
+                r#"key "ips": failed to parse IP address "10.0.0.300""#,
+            ),
+            (
+                r#"[{"name":"a","ips":["10.0.0.1/33"]}]"#,
+                r#"failed to parse CIDR "10.0.0.1/33""#,
+            ),
+            (
+                r#"[{"name":"a","ips":"10.0.0.1"}]"#,
+                "must be a list of strings",
+            ),
+            (
+                r#"[{"name":"a","interface":"way-too-long-name"}]"#,
+                r#"key "interface""#,
+            ),
+            (
+                r#"[{"name":"a","bandwidth":{"ingressRate":1.5}}]"#,
+                "ingressRate",
+            ),
+            (
+                r#"[{"name":"a","portMappings":[{"hostPort":"80"}]}]"#,
+                r#"key "portMappings[0]": hostPort"#,
+            ),
+            (
+                r#"[{"name":"a","cni-args":[1]}]"#,
+                r#"key "cni-args": must be an object"#,
+            ),
+            (
+                r#"[{"name":"a","default-route":["x"]}]"#,
+                r#"key "default-route": invalid IP address"#,
+            ),
+            (
+                r#"[{"name":"Bad_Name"}]"#,
+                "not a valid Kubernetes object name",
+            ),
+            (
+                r#"[{"name":"a","namespace":"a.b"}]"#,
+                "not a valid namespace name",
+            ),
+            (r#"[{"name":5}]"#, r#"key "name": must be a string"#),
+        ] {
+            let e = nets(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn hostile_values_should_be_bounded() {
+        let long = "a".repeat(MAX_ANNOTATION_BYTES + 1);
+        assert!(matches!(
+            nets(&long).unwrap_err().problem,
+            Problem::TooLong { .. }
+        ));
+        let many = vec!["a"; MAX_NETWORKS + 1].join(",");
+        assert!(matches!(
+            nets(&many).unwrap_err().problem,
+            Problem::TooMany { count } if count == MAX_NETWORKS + 1
+        ));
+        let many = format!("[{}]", vec![r#"{"name":"a"}"#; MAX_NETWORKS + 1].join(","));
+        assert!(matches!(
+            nets(&many).unwrap_err().problem,
+            Problem::TooMany { .. }
+        ));
+        // Deep nesting is refused by the JSON parser, not the stack.
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(nets(&deep).is_err());
+        assert_eq!(
+            nets(&vec!["a"; MAX_NETWORKS].join(",")).unwrap().len(),
+            MAX_NETWORKS
+        );
+    }
+
+    #[test]
+    fn errors_should_not_repeat_huge_values() {
+        let e = nets(&format!("{},a", "X".repeat(100_000)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400 && e.contains("(100000 bytes)"), "{e}");
+        let v = format!(
+            r#"[{{"name":"{}","mac":"{}"}}]"#,
+            "n".repeat(50_000),
+            "m".repeat(50_000)
+        );
+        let e = nets(&v).unwrap_err().to_string();
+        assert!(e.len() < 400, "{e}");
+    }
+
+    #[test]
+    fn hardware_addresses_should_parse_like_go() {
+        for (good, len) in [
+            ("00:00:5e:00:53:01", 6),
+            ("02:00:5E:10:00:00:00:01", 8),
+            (
+                "00:00:00:00:fe:80:00:00:00:00:00:00:02:00:5e:10:00:00:00:01",
+                20,
+            ),
+            ("00-00-5e-00-53-01", 6),
+            ("0000.5e00.5301", 6),
+            ("0200.5e10.0000.0001", 8),
+            ("0000.0000.fe80.0000.0000.0000.0200.5e10.0000.0001", 20),
+        ] {
+            assert_eq!(
+                parse_hardware_addr(good).map(|b| b.len()),
+                Some(len),
+                "{good}"
+            );
+        }
+        for bad in [
+            "",
+            "00:00:5e:00:53",
+            "00:00:5e:00:53:01:02",
+            "00:00-5e:00:53:01",
+            "0g:00:5e:00:53:01",
+            "0000.5e00.530",
+            "00005e005301",
+            "é0:00:5e:00:53:01",
+        ] {
+            assert_eq!(parse_hardware_addr(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn default_network_should_use_multus_namespace_and_allow_one() {
+        let d = parse_default_network_annotation(Some("calico"), "kube-system")
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.display_name(), "kube-system/calico");
+        let d = parse_default_network_annotation(
+            Some(r#"[{"name":"x","namespace":"n"}]"#),
+            "kube-system",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(d.display_name(), "n/x");
+        assert_eq!(
+            parse_default_network_annotation(None, "kube-system"),
+            Ok(None)
+        );
+        for bad in ["a,b", "", "[]", r#"[{"name":"a"},{"name":"b"}]"#] {
+            let e = parse_default_network_annotation(Some(bad), "kube-system").unwrap_err();
+            assert_eq!(e.annotation, DEFAULT_NETWORK_ANNOTATION);
+        }
+        let e = parse_default_network_annotation(Some("a,b"), "kube-system").unwrap_err();
+        assert!(
+            e.to_string().contains("more than one default network"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn static_elements_should_take_the_same_path() {
+        let e = super::super::parse_networks("x@fast0, ns/y").unwrap();
+        let s: Vec<Selection> = e
+            .iter()
+            .map(|e| Selection::from_element(e, "pod"))
+            .collect();
+        assert_eq!(short(&s), ["pod/x@fast0", "ns/y"]);
+        assert_eq!(s[1].element(), e[1]);
+        let config = super::super::Config {
+            cluster_network: "c".into(),
+            default_networks: vec![],
+        };
+        let elems: Vec<Element> = nets("a, b@fast0")
+            .unwrap()
+            .iter()
+            .map(Selection::element)
+            .collect();
+        let sel = super::super::select(&config, "eth0", &elems).unwrap();
+        let names: Vec<_> = sel.iter().map(|s| s.ifname.as_str()).collect();
+        assert_eq!(names, ["eth0", "net1", "fast0"]);
+    }
+
+    fn facts<'a>(device: Option<&'a str>) -> AttachmentFacts<'a> {
+        AttachmentFacts {
+            container_id: "abc123",
+            ifname: "net1",
+            allocated_device: device,
+        }
+    }
+
+    #[test]
+    fn runtime_config_should_merge_like_multus() {
+        let runtime = json!({
+            "portMappings": [{"hostPort": 1, "containerPort": 2}],
+            "bandwidth": {"ingressRate": 5},
+            "ips": [],
+            "mac": "",
+            "dns": {"servers": ["1.1.1.1"]}
+        });
+        let runtime = runtime.as_object().unwrap();
+        let plain = nets("a").unwrap().pop().unwrap();
+        let rc = runtime_config(&plain, runtime, RuntimeInherit::Multus, &facts(None));
+        // Known non-empty runtime values are offered; unknown keys and
+        // empty values are not.
+        assert_eq!(
+            Value::Object(rc),
+            json!({"portMappings": [{"hostPort": 1, "containerPort": 2}], "bandwidth": {"ingressRate": 5}})
+        );
+        assert!(runtime_config(&plain, runtime, RuntimeInherit::None, &facts(None)).is_empty());
+
+        let rich = nets(r#"[{"name":"n","namespace":"ns","ips":["10.0.0.2/24"],"mac":"02:00:00:00:00:01","infiniband-guid":"00:11:22:33:44:55:66:77","portMappings":[{"hostPort":80,"containerPort":8080,"hostIP":""}],"bandwidth":{"egressRate":9},"deviceID":"0000:01:00.0"}]"#)
+            .unwrap()
+            .pop()
+            .unwrap();
+        let rc = runtime_config(&rich, runtime, RuntimeInherit::Multus, &facts(None));
+        assert_eq!(
+            Value::Object(rc),
+            json!({
+                "portMappings": [{"hostPort": 80, "containerPort": 8080}],
+                "bandwidth": {"ingressRate": 0, "ingressBurst": 0, "egressRate": 9, "egressBurst": 0},
+                "ips": ["10.0.0.2/24"],
+                "mac": "02:00:00:00:00:01",
+                "infinibandGUID": "00:11:22:33:44:55:66:77",
+                "deviceID": "0000:01:00.0",
+                "CNIDeviceInfoFile": "/var/run/k8s.cni.cncf.io/devinfo/cni/ns-n-abc123_net1"
+            })
+        );
+        // A device from the NAD's resourceName wins over the element's.
+        let rc = runtime_config(
+            &rich,
+            runtime,
+            RuntimeInherit::None,
+            &facts(Some("0000:02:00.0")),
+        );
+        assert_eq!(rc["deviceID"], "0000:02:00.0");
+    }
+
+    #[test]
+    fn legacy_args_should_be_mac_then_ip() {
+        let s =
+            nets(r#"[{"name":"n","ips":["10.0.0.2/24","fd00::2/64"],"mac":"02:00:00:00:00:01"}]"#)
+                .unwrap()
+                .pop()
+                .unwrap();
+        assert_eq!(
+            legacy_cni_args(&s),
+            vec![
+                ("MAC".to_string(), "02:00:00:00:00:01".to_string()),
+                ("IP".to_string(), "10.0.0.2/24,fd00::2/64".to_string())
+            ]
+        );
+        assert!(legacy_cni_args(&nets("n").unwrap()[0]).is_empty());
+    }
+}

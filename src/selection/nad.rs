@@ -1,0 +1,536 @@
+//! NetworkAttachmentDefinition -> delegate configuration, as multus builds
+//! it (`getKubernetesDelegate`, the NAD client's `GetCNIConfig`,
+//! `LoadDelegateNetConf`), and the namespaceIsolation rule.
+//!
+//! Pure functions: the NAD arrives as its namespace, name and `spec.config`
+//! string; a NAD without `spec.config` names a file in confDir, which the
+//! caller looks up with the loader it passes in (normally
+//! [`crate::cni::confdir::load_network`] on the blocking pool).
+//!
+//! Deliberate differences from multus, each turning a panic or a confusing
+//! later failure into a clear error, or keeping data multus loses:
+//! - `"plugins": []`, a plugin that is not an object, `args` or `args.cni`
+//!   that is not an object are errors (multus panics on each);
+//! - `"name": null` gets the NAD name like a missing name (multus keeps the
+//!   null and runs the network nameless);
+//! - the config is always handed on re-serialised with sorted keys (multus
+//!   keeps the NAD's bytes when it changed nothing); key order carries no
+//!   meaning in a CNI configuration;
+//! - numbers are kept exactly (multus round-trips them through float64 when
+//!   it edits the config, so integers above 2^53 change).
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::multus::{json_kind, Selection};
+use crate::cni::types::{ConfigError, NetworkList};
+
+/// The delegate configuration of one NAD.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NadDelegate {
+    /// `<namespace>/<nadName>`: network-status `name`, events, device-info
+    /// file names. The CNI network name stays the config's `name`.
+    pub display_name: String,
+    /// The configuration: a single plugin, or a list when `is_list`.
+    pub config: Map<String, Value>,
+    /// The top-level `type` was empty: `config` is a conflist.
+    pub is_list: bool,
+}
+
+impl NadDelegate {
+    /// The CNI network name (the config's `name`).
+    pub fn network_name(&self) -> &str {
+        self.config
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    }
+
+    /// The configuration as the engine loads it, with the engine's own
+    /// checks (cniVersion, name and type rules).
+    pub fn network_list(&self) -> Result<NetworkList, ConfigError> {
+        NetworkList::from_value(
+            Path::new(&self.display_name),
+            Value::Object(self.config.clone()),
+            !self.is_list,
+        )
+    }
+
+    /// Puts a device the NAD's `resourceName` allocated into the config
+    /// as `deviceID` and `pciBusID` (into every plugin of a list), as
+    /// multus does.
+    pub fn inject_device_id(&mut self, device_id: &str) {
+        let set = |m: &mut Map<String, Value>| {
+            m.insert("deviceID".into(), device_id.into());
+            m.insert("pciBusID".into(), device_id.into());
+        };
+        if self.is_list {
+            if let Some(Value::Array(plugins)) = self.config.get_mut("plugins") {
+                plugins
+                    .iter_mut()
+                    .filter_map(Value::as_object_mut)
+                    .for_each(set);
+            }
+        } else {
+            set(&mut self.config);
+        }
+    }
+}
+
+/// Why a NAD gives no delegate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NadError {
+    #[error(
+        "cannot find a network-attachment-definition ({name}) in namespace ({namespace}): {why}"
+    )]
+    NotFound {
+        namespace: String,
+        name: String,
+        why: String,
+    },
+    #[error("network-attachment-definition {display}: spec.config: {why}")]
+    Spec { display: String, why: String },
+    #[error(
+        "network-attachment-definition {display}: no spec.config and no file in confDir: {source}"
+    )]
+    File {
+        display: String,
+        #[source]
+        source: ConfigError,
+    },
+    #[error("namespace isolation enabled, annotation violates permission, pod is in namespace {pod_namespace} but refers to target namespace {target_namespace}")]
+    Isolation {
+        pod_namespace: String,
+        target_namespace: String,
+    },
+}
+
+/// The namespaces a pod may reach across under namespaceIsolation when
+/// the configuration names none.
+pub const DEFAULT_GLOBAL_NAMESPACES: &[&str] = &["default"];
+
+/// Reads multus's `globalNamespaces` (a comma list, items trimmed); an
+/// empty value means [`DEFAULT_GLOBAL_NAMESPACES`].
+pub fn parse_global_namespaces(raw: &str) -> Vec<String> {
+    if raw.is_empty() {
+        return DEFAULT_GLOBAL_NAMESPACES
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    }
+    raw.split(',').map(|s| s.trim().to_string()).collect()
+}
+
+/// multus's namespaceIsolation: with `isolation` on, a pod may use a NAD of
+/// another namespace only if that namespace is in `global_namespaces`.
+/// Applies to `k8s.v1.cni.cncf.io/networks` entries only (not the
+/// default-network annotation, nor clusterNetwork/defaultNetworks).
+pub fn check_namespace_isolation(
+    isolation: bool,
+    pod_namespace: &str,
+    target_namespace: &str,
+    global_namespaces: &[String],
+) -> Result<(), NadError> {
+    if !isolation
+        || pod_namespace == target_namespace
+        || global_namespaces.iter().any(|g| g == target_namespace)
+    {
+        return Ok(());
+    }
+    Err(NadError::Isolation {
+        pod_namespace: pod_namespace.to_string(),
+        target_namespace: target_namespace.to_string(),
+    })
+}
+
+/// The delegate for a NAD from its `spec.config` (non-empty).
+///
+/// `spec.config` must be a JSON object. A missing or empty `name` becomes
+/// the NAD's name. An empty top-level `type` makes it a list whose
+/// `plugins[0].type` must be set. `cni_args` (the element's `cni-args`) is
+/// merged into `args.cni` (of every plugin of a list); the element's keys
+/// win over keys already there.
+pub fn delegate_from_spec(
+    namespace: &str,
+    nad_name: &str,
+    spec_config: &str,
+    cni_args: Option<&Map<String, Value>>,
+) -> Result<NadDelegate, NadError> {
+    let display = format!("{namespace}/{nad_name}");
+    let bad = |why: String| NadError::Spec {
+        display: display.clone(),
+        why,
+    };
+    let doc: Value =
+        serde_json::from_str(spec_config).map_err(|e| bad(format!("failed to unmarshal: {e}")))?;
+    let Value::Object(mut config) = doc else {
+        return Err(bad("must be a JSON object".into()));
+    };
+    match config.get("name") {
+        None | Some(Value::Null) => {
+            config.insert("name".into(), nad_name.into());
+        }
+        Some(Value::String(s)) if s.is_empty() => {
+            config.insert("name".into(), nad_name.into());
+        }
+        Some(Value::String(_)) => {}
+        Some(other) => {
+            return Err(bad(format!(
+                "\"name\" must be a string, found {}",
+                json_kind(other)
+            )))
+        }
+    }
+    let is_list = match config.get("type") {
+        None | Some(Value::Null) => true,
+        Some(Value::String(t)) => t.is_empty(),
+        Some(other) => {
+            return Err(bad(format!(
+                "\"type\" must be a string, found {}",
+                json_kind(other)
+            )))
+        }
+    };
+    if is_list {
+        check_list(&config).map_err(bad)?;
+    }
+    let mut delegate = NadDelegate {
+        display_name: display.clone(),
+        config,
+        is_list,
+    };
+    if let Some(args) = cni_args {
+        merge_cni_args(&mut delegate, args).map_err(bad)?;
+    }
+    Ok(delegate)
+}
+
+fn check_list(config: &Map<String, Value>) -> Result<(), String> {
+    let plugins = match config.get("plugins") {
+        None | Some(Value::Null) => {
+            return Err("the delegate must have the 'type' or 'plugins' field".into())
+        }
+        Some(Value::Array(p)) => p,
+        Some(other) => {
+            return Err(format!(
+                "\"plugins\" must be a list, found {}",
+                json_kind(other)
+            ))
+        }
+    };
+    let Some(first) = plugins.first() else {
+        return Err("\"plugins\" is empty".into());
+    };
+    for (i, p) in plugins.iter().enumerate() {
+        if !p.is_object() {
+            return Err(format!(
+                "plugins[{i}] must be an object, found {}",
+                json_kind(p)
+            ));
+        }
+    }
+    match first.get("type") {
+        Some(Value::String(t)) if !t.is_empty() => Ok(()),
+        _ => Err("a plugin delegate must have the 'type' field (plugins[0].type)".into()),
+    }
+}
+
+fn merge_into(plugin: &mut Map<String, Value>, args: &Map<String, Value>) -> Result<(), String> {
+    let outer = plugin
+        .entry("args")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(outer) = outer else {
+        return Err(format!(
+            "\"args\" must be an object to take cni-args, found {}",
+            json_kind(outer)
+        ));
+    };
+    let cni = outer
+        .entry("cni")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(cni) = cni else {
+        return Err(format!(
+            "\"args.cni\" must be an object to take cni-args, found {}",
+            json_kind(cni)
+        ));
+    };
+    for (k, v) in args {
+        cni.insert(k.clone(), v.clone());
+    }
+    Ok(())
+}
+
+fn merge_cni_args(d: &mut NadDelegate, args: &Map<String, Value>) -> Result<(), String> {
+    if !d.is_list {
+        return merge_into(&mut d.config, args);
+    }
+    if let Some(Value::Array(plugins)) = d.config.get_mut("plugins") {
+        for (i, p) in plugins.iter_mut().enumerate() {
+            if let Value::Object(p) = p {
+                merge_into(p, args).map_err(|e| format!("plugins[{i}]: {e}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The delegate for a NAD: from `spec.config`, or, when it is absent or
+/// empty, from the confDir file whose network `name` equals the NAD name,
+/// which `load_file` finds (the caller passes
+/// [`crate::cni::confdir::load_network`] with its confDir; that call
+/// blocks). The element's `cni-args` are merged either way. A file's
+/// network comes back in list form (`is_list`), whatever the file's
+/// extension: the engine runs both forms as a list.
+///
+/// Differs from multus: the file search (confdir's) skips unreadable files
+/// and names them in its error, where multus stops at the first file that
+/// does not parse.
+pub fn delegate_for_nad(
+    namespace: &str,
+    nad_name: &str,
+    spec_config: Option<&str>,
+    cni_args: Option<&Map<String, Value>>,
+    load_file: impl FnOnce(&str) -> Result<NetworkList, ConfigError>,
+) -> Result<NadDelegate, NadError> {
+    match spec_config {
+        Some(text) if !text.is_empty() => delegate_from_spec(namespace, nad_name, text, cni_args),
+        _ => {
+            let display = format!("{namespace}/{nad_name}");
+            // The loader reads a name with a `/` as a path; a NAD name
+            // never holds one, so such a name must not reach it.
+            if nad_name.is_empty() || nad_name.contains('/') {
+                return Err(NadError::Spec {
+                    display,
+                    why: "not a NetworkAttachmentDefinition name; no confDir file is looked up"
+                        .into(),
+                });
+            }
+            let list = load_file(nad_name).map_err(|source| NadError::File {
+                display: display.clone(),
+                source,
+            })?;
+            let Value::Object(config) = list.to_value() else {
+                return Err(NadError::Spec {
+                    display,
+                    why: "the file did not give a JSON object".into(),
+                });
+            };
+            let mut delegate = NadDelegate {
+                display_name: display.clone(),
+                config,
+                is_list: true,
+            };
+            if let Some(args) = cni_args {
+                merge_cni_args(&mut delegate, args)
+                    .map_err(|why| NadError::Spec { display, why })?;
+            }
+            Ok(delegate)
+        }
+    }
+}
+
+/// [`delegate_for_nad`] for a parsed selection element: its namespace,
+/// name and `cni-args`.
+pub fn delegate_for_selection(
+    sel: &Selection,
+    spec_config: Option<&str>,
+    load_file: impl FnOnce(&str) -> Result<NetworkList, ConfigError>,
+) -> Result<NadDelegate, NadError> {
+    delegate_for_nad(
+        &sel.namespace,
+        &sel.name,
+        spec_config,
+        sel.cni_args.as_ref(),
+        load_file,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    fn no_file(_: &str) -> Result<NetworkList, ConfigError> {
+        panic!("the file lookup must not run when spec.config is set")
+    }
+
+    #[test]
+    fn a_missing_or_empty_name_should_become_the_nad_name() {
+        for spec in [
+            r#"{"cniVersion":"1.0.0","type":"macvlan","master":"eth0"}"#,
+            r#"{"cniVersion":"1.0.0","name":"","type":"macvlan"}"#,
+            r#"{"cniVersion":"1.0.0","name":null,"type":"macvlan"}"#,
+        ] {
+            let d = delegate_from_spec("ns", "mv", spec, None).unwrap();
+            assert_eq!(d.network_name(), "mv");
+            assert_eq!(d.display_name, "ns/mv");
+            assert!(!d.is_list);
+            // Re-serialised with sorted keys, as multus does.
+            let text = serde_json::to_string(&d.config).unwrap();
+            assert!(text.starts_with(r#"{"cniVersion":"1.0.0","#), "{text}");
+        }
+        let d = delegate_from_spec("ns", "mv", r#"{"name":"own","type":"bridge"}"#, None).unwrap();
+        assert_eq!(d.network_name(), "own");
+        assert_eq!(d.display_name, "ns/mv");
+    }
+
+    #[test]
+    fn an_empty_type_should_need_a_plugin_list_with_a_type() {
+        let d = delegate_from_spec(
+            "ns",
+            "l",
+            r#"{"cniVersion":"1.0.0","plugins":[{"type":"bridge"},{"type":"tuning"}]}"#,
+            None,
+        )
+        .unwrap();
+        assert!(d.is_list);
+        assert_eq!(d.network_list().unwrap().plugins.len(), 2);
+        for (spec, says) in [
+            (r#"{"cniVersion":"1.0.0"}"#, "'type' or 'plugins'"),
+            (r#"{"type":"","plugins":[]}"#, "empty"),
+            (r#"{"plugins":[{"type":""}]}"#, "plugins[0].type"),
+            (r#"{"plugins":[{"x":1}]}"#, "plugins[0].type"),
+            (
+                r#"{"plugins":[{"type":"a"}, 3]}"#,
+                "plugins[1] must be an object",
+            ),
+            (r#"{"plugins":{}}"#, "must be a list"),
+            (r#"[1]"#, "must be a JSON object"),
+            (r#"{"#, "failed to unmarshal"),
+            (r#"{"type":5}"#, "\"type\" must be a string"),
+            (r#"{"name":5,"type":"x"}"#, "\"name\" must be a string"),
+        ] {
+            let e = delegate_from_spec("ns", "l", spec, None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{spec}: {e}");
+            assert!(e.contains("ns/l"), "{e}");
+        }
+    }
+
+    #[test]
+    fn cni_args_should_merge_into_args_cni_with_the_annotation_winning() {
+        let a = args(json!({"k": "new", "extra": 1}));
+        let d = delegate_from_spec(
+            "ns",
+            "n",
+            r#"{"type":"bridge","args":{"cni":{"k":"old","keep":true},"other":1}}"#,
+            Some(&a),
+        )
+        .unwrap();
+        assert_eq!(
+            d.config["args"],
+            json!({"cni": {"k": "new", "keep": true, "extra": 1}, "other": 1})
+        );
+        let d = delegate_from_spec("ns", "n", r#"{"type":"bridge"}"#, Some(&a)).unwrap();
+        assert_eq!(d.config["args"], json!({"cni": {"k": "new", "extra": 1}}));
+        // Every plugin of a list.
+        let d = delegate_from_spec(
+            "ns",
+            "n",
+            r#"{"plugins":[{"type":"bridge"},{"type":"tuning","args":{"cni":{"k":"x"}}}]}"#,
+            Some(&a),
+        )
+        .unwrap();
+        assert_eq!(d.config["plugins"][0]["args"]["cni"]["k"], "new");
+        assert_eq!(d.config["plugins"][1]["args"]["cni"]["k"], "new");
+        assert_eq!(d.config["plugins"][1]["args"]["cni"]["extra"], 1);
+        // Args that cannot take them are an error, not a panic.
+        for spec in [
+            r#"{"type":"b","args":1}"#,
+            r#"{"type":"b","args":{"cni":"x"}}"#,
+        ] {
+            let e = delegate_from_spec("ns", "n", spec, Some(&a)).unwrap_err();
+            assert!(e.to_string().contains("must be an object"), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_empty_spec_should_use_the_confdir_file_named_like_the_nad() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("10-other.conf"),
+            br#"{"cniVersion":"1.0.0","name":"other","type":"loopback"}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("20-mine.conf"),
+            br#"{"cniVersion":"1.0.0","name":"mine","type":"bridge"}"#,
+        )
+        .unwrap();
+        let load = |name: &str| crate::cni::confdir::load_network(dir.path(), name);
+        let a = args(json!({"x": "y"}));
+        for spec in [None, Some("")] {
+            let d = delegate_for_nad("ns", "mine", spec, Some(&a), load).unwrap();
+            assert_eq!(d.display_name, "ns/mine");
+            assert_eq!(d.network_name(), "mine");
+            let list = d.network_list().unwrap();
+            assert_eq!(list.plugin_type(0), "bridge");
+            assert_eq!(list.plugins[0]["args"]["cni"]["x"], "y");
+        }
+        let e = delegate_for_nad("ns", "absent", None, None, load).unwrap_err();
+        assert!(matches!(e, NadError::File { .. }), "{e}");
+        assert!(e.to_string().contains("absent"), "{e}");
+        // A name that the loader would read as a path is refused.
+        for name in ["../../etc/x", "/etc/cni/net.d/10-x.conf", ""] {
+            let e = delegate_for_nad("ns", name, None, None, no_file).unwrap_err();
+            assert!(matches!(e, NadError::Spec { .. }), "{e}");
+        }
+        // A set spec.config never looks at files.
+        delegate_for_nad("ns", "x", Some(r#"{"type":"b"}"#), None, no_file).unwrap();
+    }
+
+    #[test]
+    fn selection_elements_should_feed_the_nad_lookup() {
+        let sel = crate::selection::multus::parse_networks_annotation(
+            Some(r#"[{"name":"n","namespace":"other","cni-args":{"a":1}}]"#),
+            "pod",
+        )
+        .unwrap()
+        .pop()
+        .unwrap();
+        let d = delegate_for_selection(&sel, Some(r#"{"type":"b"}"#), no_file).unwrap();
+        assert_eq!(d.display_name, "other/n");
+        assert_eq!(d.config["args"]["cni"]["a"], 1);
+    }
+
+    #[test]
+    fn device_ids_should_go_into_every_plugin() {
+        let mut d = delegate_from_spec("ns", "n", r#"{"type":"sriov"}"#, None).unwrap();
+        d.inject_device_id("0000:03:00.1");
+        assert_eq!(d.config["deviceID"], "0000:03:00.1");
+        assert_eq!(d.config["pciBusID"], "0000:03:00.1");
+        let mut d = delegate_from_spec(
+            "ns",
+            "n",
+            r#"{"plugins":[{"type":"sriov"},{"type":"tuning"}]}"#,
+            None,
+        )
+        .unwrap();
+        d.inject_device_id("id");
+        assert_eq!(d.config["plugins"][1]["pciBusID"], "id");
+        assert!(d.config.get("deviceID").is_none());
+    }
+
+    #[test]
+    fn namespace_isolation_should_allow_own_and_global_namespaces_only() {
+        let global = parse_global_namespaces("");
+        assert_eq!(global, ["default"]);
+        check_namespace_isolation(true, "a", "a", &global).unwrap();
+        check_namespace_isolation(true, "a", "default", &global).unwrap();
+        check_namespace_isolation(false, "a", "b", &global).unwrap();
+        let e = check_namespace_isolation(true, "a", "b", &global).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "namespace isolation enabled, annotation violates permission, pod is in namespace a but refers to target namespace b"
+        );
+        let global = parse_global_namespaces("default, shared ,x");
+        assert_eq!(global, ["default", "shared", "x"]);
+        check_namespace_isolation(true, "a", "shared", &global).unwrap();
+    }
+}

@@ -16,7 +16,10 @@
 //!   server      accept loop, HTTP, routes, read timeouts, graceful drain
 //!   limit       open-connection cap and CNI admission (limit + FIFO queue)
 //!   handler     wire request -> validated call -> networks -> engine -> answer
-//!   selection   which networks a container gets, in which order, ifnames
+//!   k8s         this node's pods and the NetworkAttachmentDefinitions (watch
+//!               caches), the pod a call names, the network-status write
+//!   selection   which networks a container gets, in which order, ifnames:
+//!               static config, pod annotations, NADs -> network configs
 //!   cni         plugin chains per the CNI spec (engine), attachment records
 //!
 //! beside the path:
@@ -40,8 +43,9 @@
 //!   reference back is by design: `server` calls the handler through its own
 //!   [`server::Handler`] trait, so `handler` uses `server` for that trait and
 //!   its reply types while `server` knows nothing of `handler`, the engine or
-//!   systemd. `selection` uses only `names`; `cni` uses none of the modules
-//!   before it.
+//!   systemd. `k8s` uses `result` and `duration`; `selection` uses `names`
+//!   and the engine's configuration types (`cni::types`, what a selected
+//!   network turns into); `cni` uses none of the modules before it.
 //! - `api`, `duration`, `logging`, `metrics`, `names`, `notify` and `trust`
 //!   depend on no other module; `result` only on `api` (the one table of CNI
 //!   error codes, which `cni`, `result`, `server` and `shim` share).

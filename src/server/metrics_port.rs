@@ -33,7 +33,7 @@ const DRAIN_GRACE: Duration = Duration::from_secs(1);
 
 /// Serves `GET /metrics` on `listener` until `stop` is cancelled, then
 /// closes the listener and every connection (one mid-request gets
-/// [`DRAIN_GRACE`]) before returning.
+/// `DRAIN_GRACE`, 1 s) before returning.
 pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, stop: CancellationToken) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut connections = JoinSet::new();

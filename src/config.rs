@@ -269,6 +269,17 @@ impl Config {
         // multus's cache directory: only its type is checked (Plexus keeps
         // its own records in stateDir).
         f.string("cniDir");
+        let multus_namespace = f
+            .string("multusNamespace")
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| selection::DEFAULT_MULTUS_NAMESPACE.into());
+        let system_namespaces = f
+            .string_list("systemNamespaces")
+            .unwrap_or_else(|| vec![selection::DEFAULT_MULTUS_NAMESPACE.into()]);
+        let namespace_isolation = f.bool("namespaceIsolation").unwrap_or(false);
+        let global_namespaces = selection::nad::parse_global_namespaces(
+            &f.string("globalNamespaces").unwrap_or_default(),
+        );
         let kubeconfig = f.path("kubeconfig");
         let node_name = match f.string("nodeName").filter(|s| !s.is_empty()) {
             Some(n) => {
@@ -332,6 +343,10 @@ impl Config {
             selection: cluster_network.map(|cluster_network| selection::Config {
                 cluster_network,
                 default_networks,
+                multus_namespace,
+                system_namespaces,
+                namespace_isolation,
+                global_namespaces,
             }),
             kubernetes: k8s::Config {
                 kubeconfig,

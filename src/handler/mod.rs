@@ -14,6 +14,8 @@ use crate::api::{self, code};
 use crate::cni::types::{self, Invalid, Invocation};
 use crate::cni::{self, Engine, ErrorKind, Planned};
 use crate::k8s;
+
+mod kube;
 use crate::result;
 use crate::selection;
 use crate::server::{Failure, FailureKind, Handler, Readiness, Reply};
@@ -178,21 +180,24 @@ impl Networks {
         }
         let config = parse_config(&request.config)?;
         match inv.command {
-            Command::Add => {
-                let planned = self.plan(&inv.ifname, &requested).await.map_err(failure)?;
-                let cap_args = capability_args(&config);
-                let res = self
-                    .engine
-                    .add(&inv, cap_args, planned)
-                    .await
-                    .map_err(failure)?;
-                // Always the newest version, whatever the caller's config
-                // says: multus-shim decodes the answer as 1.x and converts
-                // it itself, and so does plexus-shim.
-                let out = result::convert(&res, result::LATEST)
-                    .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
-                Ok(Reply::Result(out))
+            Command::Add if self.kubernetes.is_some() => {
+                let pod = k8s::PodRef::from_args(&inv.arg_pairs).map_err(|e| {
+                    Failure::new(
+                        FailureKind::InvalidRequest,
+                        code::INVALID_ENVIRONMENT,
+                        e.to_string(),
+                    )
+                })?;
+                match (&self.kubernetes, pod) {
+                    (Some(k), Some(pod)) => {
+                        self.add_for_pod(k, &inv, &pod, capability_args(&config))
+                            .await
+                    }
+                    // Not a pod: the static networks.
+                    _ => self.add_static(&inv, &config, &requested).await,
+                }
             }
+            Command::Add => self.add_static(&inv, &config, &requested).await,
             Command::Del => {
                 let cap_args = capability_args(&config);
                 // Called only when the container's record was damaged:
@@ -229,6 +234,27 @@ impl Networks {
                 "VERSION is answered by the CNI plugin, not by the daemon",
             )),
         }
+    }
+
+    /// ADD of the static networks (and those the call asks for).
+    async fn add_static(
+        &self,
+        inv: &Invocation,
+        config: &Map<String, Value>,
+        requested: &[selection::Element],
+    ) -> Result<Reply, Failure> {
+        let planned = self.plan(&inv.ifname, requested).await.map_err(failure)?;
+        let res = self
+            .engine
+            .add(inv, capability_args(config), planned)
+            .await
+            .map_err(failure)?;
+        // Always the newest version, whatever the caller's config says:
+        // multus-shim decodes the answer as 1.x and converts it itself,
+        // and so does plexus-shim.
+        let out = result::convert(&res, result::LATEST)
+            .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
+        Ok(Reply::Result(out))
     }
 
     /// The networks a call for `ifname` gets (see [`selection::select`]),

@@ -154,6 +154,33 @@ pub struct Config {
     pub cluster_network: String,
     /// Networks attached to every container after the cluster network.
     pub default_networks: Vec<String>,
+    /// Where NADs named by clusterNetwork, defaultNetworks and the
+    /// default-network annotation live (`multusNamespace`).
+    pub multus_namespace: String,
+    /// Pods in these namespaces get no defaultNetworks
+    /// (`systemNamespaces`).
+    pub system_namespaces: Vec<String>,
+    /// Whether a pod may name NADs of other namespaces only in
+    /// `global_namespaces` (`namespaceIsolation`).
+    pub namespace_isolation: bool,
+    pub global_namespaces: Vec<String>,
+}
+
+/// multus's default `multusNamespace` and `systemNamespaces`.
+pub const DEFAULT_MULTUS_NAMESPACE: &str = "kube-system";
+
+impl Config {
+    /// Static networks with multus's defaults for the Kubernetes keys.
+    pub fn new(cluster_network: impl Into<String>, default_networks: Vec<String>) -> Self {
+        Self {
+            cluster_network: cluster_network.into(),
+            default_networks,
+            multus_namespace: DEFAULT_MULTUS_NAMESPACE.into(),
+            system_namespaces: vec![DEFAULT_MULTUS_NAMESPACE.into()],
+            namespace_isolation: false,
+            global_namespaces: nad::parse_global_namespaces(""),
+        }
+    }
 }
 
 /// One network to attach.
@@ -280,10 +307,7 @@ mod tests {
 
     #[test]
     fn interfaces_should_be_numbered_by_position() {
-        let config = Config {
-            cluster_network: "cluster".into(),
-            default_networks: vec!["d1".into()],
-        };
+        let config = Config::new("cluster", vec!["d1".into()]);
         let req = parse_networks("x, y@fast0, z").unwrap();
         let s = select(&config, "eth0", &req).unwrap();
         let names: Vec<_> = s.iter().map(|s| s.ifname.as_str()).collect();
@@ -293,10 +317,7 @@ mod tests {
 
     #[test]
     fn collisions_should_be_rejected() {
-        let config = Config {
-            cluster_network: "cluster".into(),
-            default_networks: vec![],
-        };
+        let config = Config::new("cluster", vec![]);
         let req = parse_networks("a@eth0").unwrap();
         let e = select(&config, "eth0", &req).unwrap_err();
         assert!(matches!(e, Error::Collision { .. }), "{e}");
@@ -306,10 +327,7 @@ mod tests {
 
     #[test]
     fn too_many_networks_should_be_refused_before_parsing() {
-        let config = Config {
-            cluster_network: "cluster".into(),
-            default_networks: vec!["d1".into()],
-        };
+        let config = Config::new("cluster", vec!["d1".into()]);
         let many = (0..MAX_NETWORKS - 2)
             .map(|i| format!("n{i}"))
             .collect::<Vec<_>>()

@@ -1208,10 +1208,7 @@ mod tests {
             .collect();
         assert_eq!(short(&s), ["pod/x@fast0", "ns/y"]);
         assert_eq!(s[1].element(), e[1]);
-        let config = super::super::Config {
-            cluster_network: "c".into(),
-            default_networks: vec![],
-        };
+        let config = super::super::Config::new("c", vec![]);
         let elems: Vec<Element> = nets("a, b@fast0")
             .unwrap()
             .iter()

@@ -1,0 +1,267 @@
+//! ADD for a Kubernetes pod: its networks come from the static
+//! configuration, its annotations and the NetworkAttachmentDefinitions
+//! (through the same selection as static calls), and after the plugins ran
+//! the pod's `network-status` annotation is written with one API call.
+
+use serde_json::{Map, Value};
+
+use super::{failure, Kubernetes, Networks};
+use crate::api::code;
+use crate::cni::types::{Invocation, NetworkList};
+use crate::cni::{self, Planned};
+use crate::k8s::{self, status, PodInfo, PodRef};
+use crate::result;
+use crate::selection::{self, multus, nad};
+use crate::server::{Failure, FailureKind, Reply};
+
+/// One network of a pod's ADD: how the engine runs it and the name
+/// network-status shows.
+struct PodNetwork {
+    planned: Planned,
+    display_name: String,
+}
+
+fn unavailable(msg: impl Into<String>) -> Failure {
+    Failure::new(FailureKind::Unavailable, code::TRY_AGAIN_LATER, msg)
+}
+
+fn bad_config(msg: impl Into<String>) -> Failure {
+    Failure::new(FailureKind::Failed, code::INVALID_NETWORK_CONFIG, msg)
+}
+
+fn api_failure(pod: &PodRef, e: k8s::Error) -> Failure {
+    let msg = format!("pod {}/{}: {e}", pod.namespace, pod.name);
+    let mut chain = String::new();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        chain.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    match e {
+        k8s::Error::UidMismatch { .. } => {
+            Failure::new(FailureKind::Failed, code::INVALID_ENVIRONMENT, msg)
+        }
+        e if e.is_transient() => unavailable(format!("{msg}{chain}; try again later")),
+        _ => Failure::new(FailureKind::Failed, code::INTERNAL, format!("{msg}{chain}")),
+    }
+}
+
+impl Networks {
+    /// ADD for `pod`: a pod that is gone gets multus's placeholder result
+    /// and nothing else; otherwise its networks are attached and its
+    /// `network-status` written.
+    pub(super) async fn add_for_pod(
+        &self,
+        k: &Kubernetes,
+        inv: &Invocation,
+        pod_ref: &PodRef,
+        cap_args: Map<String, Value>,
+    ) -> Result<Reply, Failure> {
+        if !k.source.synced() {
+            return Err(unavailable(
+                "the Kubernetes caches (pods, NetworkAttachmentDefinitions) have not synced \
+                 yet; try again later",
+            ));
+        }
+        let pod = match k
+            .source
+            .pod(&pod_ref.namespace, &pod_ref.name, pod_ref.uid())
+            .await
+        {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                // As multus: the pod is gone, so its sandbox is about to
+                // go too; nothing is attached and nothing recorded.
+                tracing::info!(namespace = %pod_ref.namespace, pod = %pod_ref.name, container_id = %inv.container_id, "the pod does not exist: nothing attached");
+                let placeholder = status::pod_missing_result(&inv.ifname, &inv.netns);
+                let value = serde_json::to_value(&placeholder).map_err(|e| {
+                    Failure::new(FailureKind::Internal, code::INTERNAL, e.to_string())
+                })?;
+                return Ok(Reply::Result(value));
+            }
+            Err(e) => return Err(api_failure(pod_ref, e)),
+        };
+        let networks = self.pod_networks(k, inv, &pod, &cap_args).await?;
+        let display: Vec<String> = networks.iter().map(|n| n.display_name.clone()).collect();
+        let planned: Vec<Planned> = networks.into_iter().map(|n| n.planned).collect();
+        let added = self
+            .engine
+            .add_networks(inv, cap_args, planned)
+            .await
+            .map_err(failure)?;
+        let mut entries = Vec::new();
+        for (a, name) in added.iter().zip(&display) {
+            match status::entries_from_value(name, &a.result, a.primary, None) {
+                Ok(e) => entries.extend(e),
+                Err(e) => {
+                    tracing::warn!(network = %name, cause = %e, "a result cannot be shown in network-status")
+                }
+            }
+        }
+        // As multus: nothing to show leaves the annotation as it was.
+        if !entries.is_empty() {
+            let text = status::annotation(&entries);
+            k.source
+                .set_network_status(&pod, &text)
+                .await
+                .map_err(|e| api_failure(pod_ref, e))?;
+        }
+        let primary = added
+            .iter()
+            .find(|a| a.primary)
+            .or_else(|| added.first())
+            .ok_or_else(|| {
+                Failure::new(
+                    FailureKind::Internal,
+                    code::INTERNAL,
+                    "ADD produced no result",
+                )
+            })?;
+        let out = result::convert(&primary.result, result::LATEST)
+            .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
+        Ok(Reply::Result(out))
+    }
+
+    /// The pod's networks in multus's order: the cluster network (or the
+    /// default-network annotation's NAD in its place), defaultNetworks
+    /// (not for pods in systemNamespaces), then the networks annotation.
+    async fn pod_networks(
+        &self,
+        k: &Kubernetes,
+        inv: &Invocation,
+        pod: &PodInfo,
+        cap_args: &Map<String, Value>,
+    ) -> Result<Vec<PodNetwork>, Failure> {
+        let cfg = &*self.selection;
+        let annotation = |key: &str| pod.annotations.get(key).map(String::as_str);
+        let requested = multus::parse_networks_annotation(
+            annotation(multus::NETWORKS_ANNOTATION),
+            &pod.namespace,
+        )
+        .map_err(|e| bad_config(format!("pod {}/{}: {e}", pod.namespace, pod.name)))?;
+        let default_network = multus::parse_default_network_annotation(
+            annotation(multus::DEFAULT_NETWORK_ANNOTATION),
+            &cfg.multus_namespace,
+        )
+        .map_err(|e| bad_config(format!("pod {}/{}: {e}", pod.namespace, pod.name)))?;
+        let mut for_pod = cfg.clone();
+        if cfg.system_namespaces.contains(&pod.namespace) {
+            for_pod.default_networks.clear();
+        }
+        let elements: Vec<selection::Element> =
+            requested.iter().map(multus::Selection::element).collect();
+        let selected = selection::select(&for_pod, &inv.ifname, &elements)
+            .map_err(|e| bad_config(e.to_string()))?;
+        let defaults = for_pod.default_networks.len();
+        let mut out = Vec::with_capacity(selected.len());
+        for (i, s) in selected.into_iter().enumerate() {
+            let network = if let Some(sel) = default_network.as_ref().filter(|_| i == 0) {
+                // Replaces the cluster network; not subject to isolation.
+                let (list, display_name) = self.nad_network(k, sel).await?;
+                PodNetwork {
+                    planned: Planned::new(list, s.ifname, true),
+                    display_name,
+                }
+            } else if i <= defaults {
+                // clusterNetwork and defaultNetworks: a NAD of that name
+                // in multusNamespace, else a network in confDir (or a path).
+                let (list, display_name) = self.configured_network(k, &s.network).await?;
+                PodNetwork {
+                    planned: Planned::new(list, s.ifname, s.primary),
+                    display_name,
+                }
+            } else {
+                let sel = &requested[i - 1 - defaults];
+                nad::check_namespace_isolation(
+                    cfg.namespace_isolation,
+                    &pod.namespace,
+                    &sel.namespace,
+                    &cfg.global_namespaces,
+                )
+                .map_err(|e| bad_config(e.to_string()))?;
+                let (list, display_name) = self.nad_network(k, sel).await?;
+                let mut planned = Planned::new(list, s.ifname, false);
+                planned.capability_args = Some(multus::runtime_config(
+                    sel,
+                    cap_args,
+                    multus::RuntimeInherit::Multus,
+                    &multus::AttachmentFacts {
+                        container_id: &inv.container_id,
+                        ifname: &planned.ifname,
+                        allocated_device: None,
+                    },
+                ));
+                PodNetwork {
+                    planned,
+                    display_name,
+                }
+            };
+            out.push(network);
+        }
+        Ok(out)
+    }
+
+    /// A NAD's network: its `spec.config`, or the confDir network of its
+    /// name when the spec is empty.
+    async fn nad_network(
+        &self,
+        k: &Kubernetes,
+        sel: &multus::Selection,
+    ) -> Result<(NetworkList, String), Failure> {
+        let Some(found) = k.source.nad(&sel.namespace, &sel.name) else {
+            return Err(bad_config(
+                nad::NadError::NotFound {
+                    namespace: sel.namespace.clone(),
+                    name: sel.name.clone(),
+                    why: "no such NetworkAttachmentDefinition".into(),
+                }
+                .to_string(),
+            ));
+        };
+        let spec = found.config().map(str::to_string);
+        // The confDir fallback reads files: done here, asynchronously,
+        // and handed to the pure resolution.
+        let file = match &spec {
+            Some(_) => None,
+            None if !sel.name.contains('/') => Some(self.engine.load(&sel.name).await),
+            None => None,
+        };
+        let delegate = nad::delegate_for_selection(sel, spec.as_deref(), move |_| match file {
+            Some(Ok(list)) => Ok(list),
+            Some(Err(e)) => Err(cni::types::ConfigError::File {
+                file: "confDir".into(),
+                why: e.msg,
+            }),
+            None => Err(cni::types::ConfigError::File {
+                file: "confDir".into(),
+                why: "no file was looked up".into(),
+            }),
+        })
+        .map_err(|e| bad_config(e.to_string()))?;
+        let list = delegate
+            .network_list()
+            .map_err(|e| bad_config(format!("{}: {e}", delegate.display_name)))?;
+        Ok((list, delegate.display_name))
+    }
+
+    /// clusterNetwork or a defaultNetworks entry: a NAD of that name in
+    /// multusNamespace, else a network name in confDir or a path.
+    async fn configured_network(
+        &self,
+        k: &Kubernetes,
+        name: &str,
+    ) -> Result<(NetworkList, String), Failure> {
+        let ns = &self.selection.multus_namespace;
+        if !name.contains('/') && k.source.nad(ns, name).is_some() {
+            let sel = multus::Selection {
+                name: name.to_string(),
+                namespace: ns.clone(),
+                ..Default::default()
+            };
+            return self.nad_network(k, &sel).await;
+        }
+        let list = self.engine.load(name).await.map_err(failure)?;
+        let display = list.name.clone();
+        Ok((list, display))
+    }
+}

@@ -3,8 +3,11 @@
 //! (through the same selection as static calls), and after the plugins ran
 //! the pod's `network-status` annotation is written with one API call.
 
+use std::net::IpAddr;
+
 use serde_json::{Map, Value};
 
+use super::routes_in_pod::{self, Marks};
 use super::{failure, Kubernetes, Networks};
 use crate::api::code;
 use crate::cni::types::{Invocation, NetworkList};
@@ -14,11 +17,12 @@ use crate::result;
 use crate::selection::{self, multus, nad};
 use crate::server::{Failure, FailureKind, Reply};
 
-/// One network of a pod's ADD: how the engine runs it and the name
-/// network-status shows.
+/// One network of a pod's ADD: how the engine runs it, the name
+/// network-status shows and its selection element's `default-route`.
 struct PodNetwork {
     planned: Planned,
     display_name: String,
+    default_route: Option<Vec<IpAddr>>,
 }
 
 fn unavailable(msg: impl Into<String>) -> Failure {
@@ -82,6 +86,13 @@ impl Networks {
             Err(e) => return Err(api_failure(pod_ref, e)),
         };
         let networks = self.pod_networks(k, inv, &pod, &cap_args).await?;
+        // Before anything runs: an ECMP request fails the ADD.
+        let requests: Vec<Option<&[IpAddr]>> = networks
+            .iter()
+            .map(|n| n.default_route.as_deref())
+            .collect();
+        let marks = routes_in_pod::plan(&requests)
+            .map_err(|e| bad_config(format!("pod {}/{}: {e}", pod_ref.namespace, pod_ref.name)))?;
         let display: Vec<String> = networks.iter().map(|n| n.display_name.clone()).collect();
         let planned: Vec<Planned> = networks.into_iter().map(|n| n.planned).collect();
         let added = self
@@ -89,6 +100,9 @@ impl Networks {
             .add_networks(inv, cap_args, planned)
             .await
             .map_err(failure)?;
+        if let Some(marks) = marks {
+            set_default_routes(inv, &marks, &added).await?;
+        }
         let mut entries = Vec::new();
         for (a, name) in added.iter().zip(&display) {
             match status::entries_from_value(name, &a.result, a.primary, None) {
@@ -161,6 +175,7 @@ impl Networks {
                 PodNetwork {
                     planned: Planned::new(list, s.ifname, true),
                     display_name,
+                    default_route: sel.default_route.clone(),
                 }
             } else if i <= defaults {
                 // clusterNetwork and defaultNetworks: a NAD of that name
@@ -169,6 +184,7 @@ impl Networks {
                 PodNetwork {
                     planned: Planned::new(list, s.ifname, s.primary),
                     display_name,
+                    default_route: None,
                 }
             } else {
                 let sel = &requested[i - 1 - defaults];
@@ -194,6 +210,7 @@ impl Networks {
                 PodNetwork {
                     planned,
                     display_name,
+                    default_route: sel.default_route.clone(),
                 }
             };
             out.push(network);
@@ -264,4 +281,38 @@ impl Networks {
         let display = list.name.clone();
         Ok((list, display))
     }
+}
+
+/// multus's `default-route` handling after a pod's networks were attached
+/// (see [`routes_in_pod`]): the default routes of every attached network
+/// are removed in the pod and the requested ones added. The result given
+/// to the runtime is not changed.
+///
+/// A failure fails the ADD without rollback, as in multus: the
+/// attachments and their records stay, so the runtime's DEL (which follows
+/// a failed ADD) runs every network's DEL from those records, which
+/// removes the interfaces (and with them every route via them) and
+/// releases the addresses; DEL itself never looks at routes.
+async fn set_default_routes(
+    inv: &Invocation,
+    marks: &[Marks],
+    added: &[cni::AddedNetwork],
+) -> Result<(), Failure> {
+    let actions = routes_in_pod::actions(marks.iter().zip(added).map(|(m, a)| {
+        (
+            m,
+            a.ifname.as_str(),
+            routes_in_pod::shows_attachment(&a.result),
+        )
+    }));
+    routes_in_pod::apply(&inv.netns, actions, routes_in_pod::COMMAND_TIMEOUT)
+        .await
+        .map_err(|e| {
+            tracing::warn!(container_id = %inv.container_id, cause = %e, "default-route handling failed; the attachments stay for the runtime's DEL");
+            Failure::new(
+                FailureKind::Failed,
+                code::INTERNAL,
+                format!("default-route: {e}"),
+            )
+        })
 }

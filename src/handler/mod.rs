@@ -16,6 +16,7 @@ use crate::cni::{self, Engine, ErrorKind, Planned};
 use crate::k8s;
 
 mod kube;
+mod routes_in_pod;
 use crate::result;
 use crate::selection;
 use crate::server::{Failure, FailureKind, Handler, Readiness, Reply};

@@ -1,0 +1,511 @@
+//! multus's `default-route` for a pod's ADD: which network owns the pod's
+//! default route(s), and the route changes inside the pod's network
+//! namespace that follow from it.
+//!
+//! The rules are multus's (`CheckGatewayConfig` and `CmdAdd`):
+//!
+//! - Without a `default-route` key on any selection element, nothing here
+//!   happens: whatever the plugins installed stays.
+//! - With at least one key (even `[]`), more than one IPv4 or more than one
+//!   IPv6 gateway in total fails the ADD before any plugin runs ([`plan`]).
+//!   Every network is marked "filter v4" and "filter v6"; a network whose
+//!   list holds a v4 (v6) gateway is unmarked for v4 (v6).
+//! - After the ADD, every network whose result shows interfaces or IPs
+//!   loses all its routes without destination (default routes, both
+//!   families) on its interface in the pod; a network with gateways then
+//!   gets one default route per gateway via that interface (one that
+//!   already exists is fine).
+//!
+//! Where Plexus differs from multus, deliberately:
+//!
+//! - multus edits routes after each network's ADD, before the next one
+//!   runs; Plexus runs all networks first, then removes the default routes
+//!   of every affected interface, then adds the requested ones. The final
+//!   routes are the same, and a default route a later network's plugin
+//!   installed can never make the requested one fail with "exists".
+//! - multus also edits its libcni cache copy of each result; Plexus keeps
+//!   no such cache (its records hold what DEL needs, and DEL does not look
+//!   at routes), so there is nothing to edit. As in multus, the result
+//!   returned to the runtime is not modified.
+//!
+//! The changes are made with `nsenter --net=<CNI_NETNS> ip route ...`
+//! (util-linux and iproute2, on every node), each run on the blocking pool
+//! with a deadline: no shell, a clean environment, the interface name
+//! checked by the interface-name rules and each gateway passed as a parsed
+//! address. A separate process keeps the daemon's own threads out of the
+//! pod's namespace: a thread that entered it and failed to come back would
+//! run later work in the wrong namespace.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::names;
+
+/// How long one `ip` command may take before it is killed.
+pub(super) const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where `nsenter` and `ip` are looked for.
+const SEARCH_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// At most this much of a command's stderr goes into an error.
+const MAX_STDERR: usize = 400;
+
+/// multus's meaning when more than one gateway of a family is requested.
+pub(super) const ECMP_MESSAGE: &str = "multus does not support ECMP for default-route";
+
+/// One network's part in the default-route handling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Marks {
+    /// Its default IPv4 routes are removed (no v4 gateway was asked of it).
+    pub filter_v4: bool,
+    /// Its default IPv6 routes are removed (no v6 gateway was asked of it).
+    pub filter_v6: bool,
+    /// The gateways asked of it, in the element's order.
+    pub gateways: Vec<IpAddr>,
+}
+
+/// More than one gateway of a family was requested.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Ecmp {
+    pub v4: usize,
+    pub v6: usize,
+}
+
+impl fmt::Display for Ecmp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{ECMP_MESSAGE}: the networks annotation asks for {} IPv4 and {} IPv6 default-route \
+             gateways in total, at most one of each is allowed",
+            self.v4, self.v6
+        )
+    }
+}
+
+impl std::error::Error for Ecmp {}
+
+/// The marks of each network, in order, from each one's `default-route`
+/// (`None`: the element has no such key, or the network has no element).
+/// `Ok(None)`: no key anywhere, so no routes are touched.
+pub(super) fn plan(requests: &[Option<&[IpAddr]>]) -> Result<Option<Vec<Marks>>, Ecmp> {
+    if requests.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let all = requests.iter().flatten().flat_map(|l| l.iter());
+    let v4 = all.clone().filter(|ip| ip.is_ipv4()).count();
+    let v6 = all.filter(|ip| ip.is_ipv6()).count();
+    if v4 > 1 || v6 > 1 {
+        return Err(Ecmp { v4, v6 });
+    }
+    Ok(Some(
+        requests
+            .iter()
+            .map(|r| {
+                let gateways = r.map(<[IpAddr]>::to_vec).unwrap_or_default();
+                Marks {
+                    filter_v4: !gateways.iter().any(IpAddr::is_ipv4),
+                    filter_v6: !gateways.iter().any(IpAddr::is_ipv6),
+                    gateways,
+                }
+            })
+            .collect(),
+    ))
+}
+
+/// One route change in the pod's namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Action {
+    /// Remove every default route (both families) via the interface.
+    Clear { ifname: String },
+    /// Add a default route via `gateway` on the interface.
+    Add { ifname: String, gateway: IpAddr },
+}
+
+/// Whether a network's result shows interfaces or IPs (any result
+/// version): only such networks have their routes changed, as in multus.
+pub(super) fn shows_attachment(result: &Value) -> bool {
+    let non_empty = |k: &str| result[k].as_array().is_some_and(|a| !a.is_empty());
+    non_empty("interfaces")
+        || non_empty("ips")
+        || result.get("ip4").is_some_and(|v| !v.is_null())
+        || result.get("ip6").is_some_and(|v| !v.is_null())
+}
+
+/// The changes for networks `(marks, ifname, shows_attachment)` in order:
+/// first every affected interface's default routes are removed, then the
+/// requested ones are added.
+pub(super) fn actions<'a>(
+    networks: impl IntoIterator<Item = (&'a Marks, &'a str, bool)>,
+) -> Vec<Action> {
+    let mut clear = Vec::new();
+    let mut add = Vec::new();
+    for (marks, ifname, attached) in networks {
+        if !attached {
+            continue;
+        }
+        // Marked for a family, or unmarked (then it has a gateway): every
+        // attached network loses its default routes.
+        clear.push(Action::Clear {
+            ifname: ifname.to_string(),
+        });
+        if !marks.filter_v4 || !marks.filter_v6 {
+            add.extend(marks.gateways.iter().map(|&gateway| Action::Add {
+                ifname: ifname.to_string(),
+                gateway,
+            }));
+        }
+    }
+    clear.extend(add);
+    clear
+}
+
+/// A route change that failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RouteError {
+    #[error("interface {ifname:?}: {why}")]
+    BadIfname { ifname: String, why: String },
+    #[error("removing the default routes of interface {ifname} in {netns}: {why}")]
+    Clear {
+        ifname: String,
+        netns: String,
+        why: String,
+    },
+    #[error("adding the default route via {gateway} on interface {ifname} in {netns}: {why}")]
+    Add {
+        ifname: String,
+        gateway: IpAddr,
+        netns: String,
+        why: String,
+    },
+    #[error("the route changes in {netns} did not finish: {why}")]
+    Task { netns: String, why: String },
+}
+
+/// Makes `actions` in the namespace at `netns`, in order, stopping at the
+/// first failure. Each command runs on the blocking pool and is killed
+/// after `timeout`.
+pub(super) async fn apply(
+    netns: &str,
+    actions: Vec<Action>,
+    timeout: Duration,
+) -> Result<(), RouteError> {
+    if actions.is_empty() {
+        return Ok(());
+    }
+    let path = netns.to_string();
+    tokio::task::spawn_blocking(move || apply_blocking(&path, &actions, timeout))
+        .await
+        .map_err(|e| RouteError::Task {
+            netns: netns.to_string(),
+            why: e.to_string(),
+        })?
+}
+
+fn apply_blocking(netns: &str, actions: &[Action], timeout: Duration) -> Result<(), RouteError> {
+    for action in actions {
+        let ifname = match action {
+            Action::Clear { ifname } | Action::Add { ifname, .. } => ifname,
+        };
+        names::check_ifname(ifname).map_err(|e| RouteError::BadIfname {
+            ifname: ifname.clone(),
+            why: e.to_string(),
+        })?;
+        match action {
+            Action::Clear { ifname } => {
+                for (family, all) in [("-4", "0.0.0.0/0"), ("-6", "::/0")] {
+                    ip(
+                        netns,
+                        &[family, "route", "flush", "dev", ifname, "exact", all],
+                        timeout,
+                    )
+                    .map_err(|why| RouteError::Clear {
+                        ifname: ifname.clone(),
+                        netns: netns.to_string(),
+                        why,
+                    })?;
+                }
+            }
+            Action::Add { ifname, gateway } => {
+                let family = if gateway.is_ipv4() { "-4" } else { "-6" };
+                let gw = gateway.to_string();
+                let args = [family, "route", "add", "default", "via", &gw, "dev", ifname];
+                match ip(netns, &args, timeout) {
+                    Ok(()) => {}
+                    // As multus: a route that is already there is fine.
+                    Err(why) if why.contains("File exists") => {}
+                    Err(why) => {
+                        return Err(RouteError::Add {
+                            ifname: ifname.clone(),
+                            gateway: *gateway,
+                            netns: netns.to_string(),
+                            why,
+                        })
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `ip ARGS` inside the network namespace at `netns` through
+/// `nsenter`, in a process group of its own with a clean environment;
+/// kills it after `timeout`. Err: what went wrong, with its stderr.
+/// Blocking.
+fn ip(netns: &str, args: &[&str], timeout: Duration) -> Result<(), String> {
+    // stderr goes to an anonymous file, not a pipe: a chatty command can
+    // never block on a full pipe while it is being waited for.
+    let mut stderr = memfd().map_err(|e| format!("cannot make a file for stderr: {e}"))?;
+    let for_child = stderr
+        .try_clone()
+        .map_err(|e| format!("cannot make a file for stderr: {e}"))?;
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net={netns}"))
+        .arg("--")
+        .arg("ip")
+        .args(args)
+        .env_clear()
+        .env("PATH", SEARCH_PATH)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(for_child))
+        .process_group(0);
+    let shown = format!("nsenter --net={netns} -- ip {}", args.join(" "));
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run `{shown}`: {e}"))?;
+    let exited = wait_exit(child.id(), timeout);
+    if !exited {
+        // The child is not reaped yet, so its pid (and group id) cannot
+        // have been reused.
+        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+            // SAFETY: kill(2) on our own unreaped child's process group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        let _ = child.kill();
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("cannot wait for `{shown}`: {e}"))?;
+    if !exited {
+        return Err(format!(
+            "`{shown}` did not finish within {} s and was killed",
+            timeout.as_secs_f64()
+        ));
+    }
+    if status.success() {
+        return Ok(());
+    }
+    let mut text = String::new();
+    let _ = stderr.seek(SeekFrom::Start(0));
+    let _ = (&mut stderr)
+        .take(MAX_STDERR as u64 * 4)
+        .read_to_string(&mut text);
+    let mut text = text.trim().replace('\n', "; ");
+    if text.len() > MAX_STDERR {
+        let mut end = MAX_STDERR;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    Err(format!("`{shown}` failed ({status}): {text}"))
+}
+
+/// An anonymous in-memory file.
+fn memfd() -> std::io::Result<File> {
+    // SAFETY: memfd_create(2) with a valid C string and flags; it returns a
+    // new fd or -1.
+    let fd = unsafe { libc::memfd_create(c"plexus-ip-stderr".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new descriptor that nothing else owns.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Waits until our unreaped child `pid` has exited, at most `timeout`,
+/// without reaping it: on a pidfd, or (kernels before 5.3) by checking
+/// with waitid(WNOWAIT) every few milliseconds. True when it exited.
+fn wait_exit(pid: u32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    // SAFETY: pidfd_open(2) takes a pid and flags, returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if let Ok(fd) = i32::try_from(fd) {
+        if fd >= 0 {
+            // SAFETY: fd is a new descriptor that nothing else owns.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+                let mut p = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: poll(2) on one valid pollfd.
+                let n = unsafe { libc::poll(&mut p, 1, ms) };
+                if n > 0 {
+                    return true;
+                }
+                if n == 0 {
+                    return false;
+                }
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                    break;
+                }
+            }
+        }
+    }
+    loop {
+        // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid(2) on our own child with a valid pointer.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
+            )
+        };
+        // SAFETY: si_pid is valid to read after waitid filled the struct.
+        if r != 0 || unsafe { info.si_pid() } != 0 {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn no_key_anywhere_should_plan_nothing() {
+        assert_eq!(plan(&[None, None]), Ok(None));
+        assert_eq!(plan(&[]), Ok(None));
+    }
+
+    #[test]
+    fn an_empty_list_should_mark_every_network() {
+        let empty: Vec<IpAddr> = vec![];
+        let marks = plan(&[None, Some(&empty)]).unwrap().unwrap();
+        for m in &marks {
+            assert!(m.filter_v4 && m.filter_v6 && m.gateways.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_gateway_should_unmark_its_family_on_its_network_only() {
+        let gw = ips(&["10.1.1.1"]);
+        let marks = plan(&[None, Some(&gw)]).unwrap().unwrap();
+        assert!(marks[0].filter_v4 && marks[0].filter_v6);
+        assert!(!marks[1].filter_v4 && marks[1].filter_v6);
+        let dual = ips(&["10.1.1.1", "fd00::1"]);
+        let marks = plan(&[Some(&dual)]).unwrap().unwrap();
+        assert!(!marks[0].filter_v4 && !marks[0].filter_v6);
+    }
+
+    #[test]
+    fn two_gateways_of_a_family_should_be_refused() {
+        let a = ips(&["10.1.1.1"]);
+        let b = ips(&["10.2.2.1"]);
+        let e = plan(&[None, Some(&a), Some(&b)]).unwrap_err();
+        assert_eq!(e, Ecmp { v4: 2, v6: 0 });
+        assert!(e.to_string().starts_with(ECMP_MESSAGE), "{e}");
+        let six = ips(&["fd00::1", "fd00::2", "10.0.0.1"]);
+        assert_eq!(plan(&[Some(&six)]), Err(Ecmp { v4: 1, v6: 2 }));
+    }
+
+    #[test]
+    fn actions_should_clear_first_then_add_and_skip_networks_without_attachment() {
+        let gw = ips(&["10.1.1.1"]);
+        let marks = plan(&[None, Some(&gw), None]).unwrap().unwrap();
+        let got = actions([
+            (&marks[0], "eth0", true),
+            (&marks[1], "net1", true),
+            (&marks[2], "net2", false),
+        ]);
+        assert_eq!(
+            got,
+            [
+                Action::Clear {
+                    ifname: "eth0".into()
+                },
+                Action::Clear {
+                    ifname: "net1".into()
+                },
+                Action::Add {
+                    ifname: "net1".into(),
+                    gateway: gw[0]
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn attachment_should_be_seen_in_every_result_version() {
+        assert!(shows_attachment(
+            &serde_json::json!({"interfaces": [{"name": "eth0"}]})
+        ));
+        assert!(shows_attachment(
+            &serde_json::json!({"ips": [{"address": "10.0.0.2/24"}]})
+        ));
+        assert!(shows_attachment(
+            &serde_json::json!({"ip4": {"ip": "10.0.0.2/24"}})
+        ));
+        assert!(!shows_attachment(
+            &serde_json::json!({"cniVersion": "1.0.0", "ips": []})
+        ));
+        assert!(!shows_attachment(&serde_json::json!({"dns": {}})));
+    }
+
+    #[test]
+    fn a_bad_ifname_should_be_refused_before_anything_runs() {
+        let e = apply_blocking(
+            "/nonexistent",
+            &[Action::Clear {
+                ifname: "a b".into(),
+            }],
+            COMMAND_TIMEOUT,
+        )
+        .unwrap_err();
+        assert!(matches!(e, RouteError::BadIfname { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_failed_command_should_name_the_interface_and_the_gateway() {
+        let e = apply_blocking(
+            "/nonexistent/netns",
+            &[Action::Add {
+                ifname: "net1".into(),
+                gateway: "10.1.1.1".parse().unwrap(),
+            }],
+            COMMAND_TIMEOUT,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("net1") && e.contains("10.1.1.1") && e.contains("/nonexistent/netns"),
+            "{e}"
+        );
+    }
+}

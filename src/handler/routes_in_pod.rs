@@ -83,7 +83,7 @@ impl fmt::Display for Ecmp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{ECMP_MESSAGE}: the networks annotation asks for {} IPv4 and {} IPv6 default-route \
+            "{ECMP_MESSAGE}: the selection elements ask for {} IPv4 and {} IPv6 default-route \
              gateways in total, at most one of each is allowed",
             self.v4, self.v6
         )

@@ -120,6 +120,9 @@ fn deb_should_carry_the_expected_files_and_control_data() {
     assert_eq!(field("Architecture"), "amd64");
     assert_eq!(field("Section"), "net");
     assert!(field("Depends").contains("libc6"), "{}", field("Depends"));
+    for tool in ["iproute2", "util-linux"] {
+        assert!(field("Depends").contains(tool), "{}", field("Depends"));
+    }
     assert_eq!(field("Recommends"), "containernetworking-plugins");
 
     let control = TestDir::new("debctl");

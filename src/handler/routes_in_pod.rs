@@ -221,16 +221,19 @@ fn apply_blocking(netns: &str, actions: &[Action], timeout: Duration) -> Result<
         match action {
             Action::Clear { ifname } => {
                 for (family, all) in [("-4", "0.0.0.0/0"), ("-6", "::/0")] {
-                    ip(
-                        netns,
-                        &[family, "route", "flush", "dev", ifname, "exact", all],
-                        timeout,
-                    )
-                    .map_err(|why| RouteError::Clear {
-                        ifname: ifname.clone(),
-                        netns: netns.to_string(),
-                        why,
-                    })?;
+                    let args = [family, "route", "flush", "dev", ifname, "exact", all];
+                    match ip(netns, &args, timeout) {
+                        Ok(()) => {}
+                        // A kernel without IPv6 has no IPv6 routes.
+                        Err(why) if family == "-6" && why.contains("family not supported") => {}
+                        Err(why) => {
+                            return Err(RouteError::Clear {
+                                ifname: ifname.clone(),
+                                netns: netns.to_string(),
+                                why,
+                            })
+                        }
+                    }
                 }
             }
             Action::Add { ifname, gateway } => {
@@ -261,25 +264,33 @@ fn apply_blocking(netns: &str, actions: &[Action], timeout: Duration) -> Result<
 /// kills it after `timeout`. Err: what went wrong, with its stderr.
 /// Blocking.
 fn ip(netns: &str, args: &[&str], timeout: Duration) -> Result<(), String> {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net={netns}"))
+        .arg("--")
+        .arg("ip")
+        .args(args);
+    let shown = format!("nsenter --net={netns} -- ip {}", args.join(" "));
+    run_bounded(cmd, &shown, timeout)
+}
+
+/// Runs `cmd` (shown as `shown` in errors) with a clean environment, `/`
+/// as its directory, no stdin or stdout, in a process group of its own;
+/// kills the group after `timeout`. Err: what went wrong, with its stderr.
+/// Blocking.
+fn run_bounded(mut cmd: Command, shown: &str, timeout: Duration) -> Result<(), String> {
     // stderr goes to an anonymous file, not a pipe: a chatty command can
     // never block on a full pipe while it is being waited for.
     let mut stderr = memfd().map_err(|e| format!("cannot make a file for stderr: {e}"))?;
     let for_child = stderr
         .try_clone()
         .map_err(|e| format!("cannot make a file for stderr: {e}"))?;
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net={netns}"))
-        .arg("--")
-        .arg("ip")
-        .args(args)
-        .env_clear()
+    cmd.env_clear()
         .env("PATH", SEARCH_PATH)
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(for_child))
         .process_group(0);
-    let shown = format!("nsenter --net={netns} -- ip {}", args.join(" "));
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot run `{shown}`: {e}"))?;
@@ -476,6 +487,39 @@ mod tests {
             &serde_json::json!({"cniVersion": "1.0.0", "ips": []})
         ));
         assert!(!shows_attachment(&serde_json::json!({"dns": {}})));
+    }
+
+    #[test]
+    fn a_command_past_its_deadline_should_be_killed_with_its_group() {
+        // A shell and its background child: both are in the killed group.
+        let marker = format!("60.{}", std::process::id());
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", &format!("sleep {marker} & sleep {marker}; true")]);
+        let started = Instant::now();
+        let e = run_bounded(cmd, "sh", Duration::from_millis(300)).unwrap_err();
+        let took = started.elapsed();
+        assert!(e.contains("did not finish within 0.3 s"), "{e}");
+        let wanted = format!("sleep\0{marker}\0");
+        let left: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|d| std::fs::read(d.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).into_owned())
+            .filter(|c| *c == wanted)
+            .collect();
+        assert!(left.is_empty(), "left running: {left:?}");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+    }
+
+    #[test]
+    fn a_failing_command_should_report_its_stderr() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo first >&2; echo second >&2; exit 3"]);
+        let e = run_bounded(cmd, "sh", COMMAND_TIMEOUT).unwrap_err();
+        assert!(
+            e.contains("exit status: 3") && e.contains("first; second"),
+            "{e}"
+        );
     }
 
     #[test]

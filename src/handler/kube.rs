@@ -305,6 +305,9 @@ async fn set_default_routes(
             routes_in_pod::shows_attachment(&a.result),
         )
     }));
+    if !actions.is_empty() {
+        tracing::info!(container_id = %inv.container_id, netns = %inv.netns, changes = ?actions, "default-route: changing the pod's default routes");
+    }
     routes_in_pod::apply(&inv.netns, actions, routes_in_pod::COMMAND_TIMEOUT)
         .await
         .map_err(|e| {

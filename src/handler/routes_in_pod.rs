@@ -16,6 +16,11 @@
 //!   gets one default route per gateway via that interface (one that
 //!   already exists is fine).
 //!
+//! The elements are those of the networks annotation and of the
+//! default-network annotation (its element carries the key to the network
+//! that replaces the cluster network, as multus's delegate loading does);
+//! clusterNetwork and defaultNetworks have no element, so no key.
+//!
 //! Where Plexus differs from multus, deliberately:
 //!
 //! - multus edits routes after each network's ADD, before the next one

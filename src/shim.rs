@@ -934,6 +934,46 @@ fn snippet(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
+/// Parses `raw` as the daemon's complete answer (the connection closes
+/// after its last byte), through the same reader the shim uses on the
+/// socket: `(status, body)`, or why it is not a usable answer. For the
+/// fuzz targets and tests.
+#[doc(hidden)]
+pub fn parse_raw_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    let (mut ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+    std::thread::scope(|scope| {
+        // A writer of its own: a large answer does not fit in the socket
+        // buffer. MSG_NOSIGNAL: the reader may stop (and close) early.
+        scope.spawn(move || {
+            let mut rest = raw;
+            while !rest.is_empty() {
+                // SAFETY: `rest` is a live slice and the descriptor is open.
+                let n = unsafe {
+                    libc::send(
+                        theirs.as_raw_fd(),
+                        rest.as_ptr().cast(),
+                        rest.len(),
+                        libc::MSG_NOSIGNAL,
+                    )
+                };
+                match usize::try_from(n) {
+                    Ok(n) if n > 0 => rest = &rest[n..],
+                    _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+                    _ => break,
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let read = read_response(&mut ours, deadline);
+        drop(ours);
+        read.map(|r| (r.status, r.body)).map_err(|e| match e {
+            ReadError::TimedOut => "timed out".to_string(),
+            ReadError::Closed(why) | ReadError::Garbage(why) => why,
+            ReadError::Io(e) => e.to_string(),
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1213,5 +1253,25 @@ mod tests {
             (json["code"].as_u64(), json["msg"].as_str()),
             (Some(999), Some("x"))
         );
+    }
+
+    #[test]
+    fn raw_response_parsing_should_match_the_socket_reader() {
+        assert_eq!(
+            parse_raw_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA"),
+            Ok((200, b"ok".to_vec()))
+        );
+        // Larger than a socket buffer: the writer must not deadlock.
+        let body = vec![b'x'; 3 << 20];
+        let mut raw =
+            format!("HTTP/1.1 400 Bad\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+        raw.extend_from_slice(&body);
+        assert_eq!(parse_raw_response(&raw), Ok((400, body)));
+        // Garbage stops the reader early, with most of the input unsent.
+        let mut junk = b"SMTP ready\r\n".to_vec();
+        junk.resize(2 << 20, b'y');
+        assert!(parse_raw_response(&junk)
+            .unwrap_err()
+            .contains("does not start with an HTTP status line"));
     }
 }

@@ -13,6 +13,8 @@ use tracing::{error, info, warn};
 mod handler;
 
 pub use handler::Networks;
+#[doc(hidden)]
+pub use handler::{parse_config, valid_attachments};
 
 use crate::activation::{self, OwnedPath, PathState};
 use crate::api::{self, code};

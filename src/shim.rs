@@ -834,7 +834,9 @@ fn parse_head(head: &[u8]) -> Result<(u16, String, Framing), ReadError> {
     let status = parts
         .next()
         .filter(|s| s.len() == 3 && s.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|s| s.parse::<u16>().ok());
+        .and_then(|s| s.parse::<u16>().ok())
+        // RFC 9110: every valid status code is within 100 ... 599.
+        .filter(|n| (100..=599).contains(n));
     let (true, Some(status)) = (version.starts_with("HTTP/1."), status) else {
         return Err(garbage(format!(
             "bad status line {:?}",
@@ -1273,5 +1275,22 @@ mod tests {
         assert!(parse_raw_response(&junk)
             .unwrap_err()
             .contains("does not start with an HTTP status line"));
+    }
+
+    #[test]
+    fn status_outside_100_to_599_should_be_garbage() {
+        for raw in [
+            &b"HTTP/1.1 096 OK\r\nContent-Length: 0\r\n\r\n"[..],
+            b"HTTP/1.1 000 X\r\n\r\n",
+            b"HTTP/1.1 600 X\r\n\r\n",
+            b"HTTP/1.1 999\r\n\r\n",
+        ] {
+            let err = parse_raw_response(raw).unwrap_err();
+            assert!(err.contains("bad status line"), "{err}");
+        }
+        assert_eq!(
+            parse_raw_response(b"HTTP/1.1 599 X\r\nContent-Length: 0\r\n\r\n"),
+            Ok((599, Vec::new()))
+        );
     }
 }

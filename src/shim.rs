@@ -942,29 +942,46 @@ fn snippet(bytes: &[u8]) -> String {
 /// fuzz targets and tests.
 #[doc(hidden)]
 pub fn parse_raw_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    // MSG_NOSIGNAL: the reader may stop (and close) before all is sent.
+    fn send(fd: &UnixStream, buf: &[u8], flags: libc::c_int) -> io::Result<usize> {
+        // SAFETY: `buf` is a live slice and the descriptor is open.
+        let n = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                flags | libc::MSG_NOSIGNAL,
+            )
+        };
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    }
     let (mut ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+    // What fits in the socket buffer goes now; a writer thread sends the
+    // rest while the reader reads.
+    let mut rest = raw;
+    while !rest.is_empty() {
+        match send(&theirs, rest, libc::MSG_DONTWAIT) {
+            Ok(0) => break,
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
     std::thread::scope(|scope| {
-        // A writer of its own: a large answer does not fit in the socket
-        // buffer. MSG_NOSIGNAL: the reader may stop (and close) early.
-        scope.spawn(move || {
-            let mut rest = raw;
-            while !rest.is_empty() {
-                // SAFETY: `rest` is a live slice and the descriptor is open.
-                let n = unsafe {
-                    libc::send(
-                        theirs.as_raw_fd(),
-                        rest.as_ptr().cast(),
-                        rest.len(),
-                        libc::MSG_NOSIGNAL,
-                    )
-                };
-                match usize::try_from(n) {
-                    Ok(n) if n > 0 => rest = &rest[n..],
-                    _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
-                    _ => break,
+        if rest.is_empty() {
+            drop(theirs);
+        } else {
+            scope.spawn(move || {
+                while !rest.is_empty() {
+                    match send(&theirs, rest, 0) {
+                        Ok(0) => break,
+                        Ok(n) => rest = &rest[n..],
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
                 }
-            }
-        });
+            });
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         let read = read_response(&mut ours, deadline);
         drop(ours);

@@ -19,9 +19,9 @@
 #
 # Each target's corpus is seeded from fuzz/seeds/<target>/ and from the
 # repository (the multus wire captures in tests/fixtures, the example and
-# packaged daemon configs). Crashing inputs land in fuzz/artifacts/<target>/;
-# the script prints their paths and how to replay them, and exits 1 if any
-# target crashed, 2 on a setup failure.
+# packaged daemon configs, the example network config). Crashing inputs
+# land in fuzz/artifacts/<target>/; the script prints their paths and how
+# to replay them, and exits 1 if any target crashed, 2 on a setup failure.
 
 set -euo pipefail
 
@@ -34,7 +34,7 @@ seconds=${FUZZ_SECONDS:-60}
 workdir=${FUZZ_WORKDIR:-$fuzz_dir/corpus}
 timeout=${FUZZ_TIMEOUT:-10}
 rss_mb=${FUZZ_RSS_MB:-1024}
-all_targets=(cni_request cni_result daemon_config shim_response)
+all_targets=(cni_request cni_result daemon_config shim_response shim_config)
 fixtures=$root/tests/fixtures/multus-wire
 
 die() {
@@ -87,6 +87,10 @@ seed() {
         for f in "$root"/packaging/*/daemon-config.json; do
             cp "$f" "$dir/repo-$(basename "$(dirname "$f")")"
         done
+        ;;
+    shim_config)
+        if [[ -f $fixtures/shim-stdin-config.json ]]; then cp "$fixtures/shim-stdin-config.json" "$dir/repo-multus"; fi
+        cp "$root/examples/cni/00-plexus.conflist" "$dir/repo-example-conflist"
         ;;
     shim_response)
         # The target's first byte picks the mode: 0 is a raw answer.

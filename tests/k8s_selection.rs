@@ -27,6 +27,17 @@ struct Node {
 }
 
 fn node(tag: &str, extra: Value, pods: Vec<(&str, &str, Value)>) -> Node {
+    node_with(tag, extra, pods, |_, _, _| Vec::new())
+}
+
+/// [`node`] with more NADs: `nads(engine, link, subnet)` gives
+/// (namespace, name, spec.config) on the fifth bridge and subnet.
+fn node_with(
+    tag: &str,
+    extra: Value,
+    pods: Vec<(&str, &str, Value)>,
+    nads: impl Fn(&Engine, &Link, &Subnet) -> Vec<(String, String, String)>,
+) -> Node {
     let engine = Engine::new(tag);
     let links: Vec<Link> = (0..5).map(|_| Link::planned("b")).collect();
     let subnets: Vec<Subnet> = (0..5).map(|_| Subnet::new()).collect();
@@ -54,6 +65,9 @@ fn node(tag: &str, extra: Value, pods: Vec<(&str, &str, Value)>) -> Node {
         json!({}),
     );
     api.put_nad("ns1", "filed", None, json!({}));
+    for (ns, name, config) in nads(&engine, &links[4], &subnets[4]) {
+        api.put_nad(&ns, &name, Some(&config), json!({}));
+    }
     for (ns, name, annotations) in pods {
         api.put_pod(ns, name, &format!("uid-{name}"), NODE, annotations);
     }
@@ -260,4 +274,46 @@ fn an_add_while_the_api_server_is_away_should_attach_from_the_cache_or_be_try_ag
     assert_eq!(code, 11, "{msg}");
     assert!(attached(&other).is_empty());
     assert!(n.engine.records().is_empty());
+}
+
+#[test]
+fn a_nad_without_a_name_should_get_its_own_and_cni_args_should_reach_its_plugins() {
+    let n = node_with(
+        "k8s-noname",
+        json!({}),
+        vec![(
+            "ns2",
+            "q",
+            json!({"k8s.v1.cni.cncf.io/networks":
+                json!([{"name": "plain", "cni-args": {"role": "storage"}}]).to_string()}),
+        )],
+        |engine, link, subnet| {
+            let config = json!({"cniVersion": "1.0.0",
+                                "plugins": [bridge(&link.name, engine.host_local(subnet))]});
+            vec![("ns2".into(), "plain".into(), config.to_string())]
+        },
+    );
+    let ns = Netns::new();
+    ok(&n.daemon, &add(&n, &ns, "k8snoname1", "ns2", "q"));
+    let got = attached(&ns);
+    let net2 = &got.iter().find(|(i, _)| i == "net2").expect("no net2").1;
+    assert!(n.subnets[4].holds(net2), "{got:?}");
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(n.engine.record("k8snoname1")).unwrap()).unwrap();
+    let plain = record["attachments"][0]["delegates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["ifname"] == "net2")
+        .expect("no net2 delegate")
+        .clone();
+    // The NAD's name became the network's name; cni-args are in args.cni.
+    assert_eq!(plain["name"], "plain", "{plain}");
+    assert_eq!(
+        plain["config"]["plugins"][0]["args"]["cni"]["role"], "storage",
+        "{plain}"
+    );
+    assert_eq!(status_names(&n, "ns2", "q")[2], "ns2/plain@net2");
+    del(&n, &ns, "k8snoname1", "ns2", "q");
+    assert!(attached(&ns).is_empty());
 }

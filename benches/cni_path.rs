@@ -21,9 +21,9 @@
 //! Layout: this file holds the iteration counts, the scenario runner and
 //! the report's frame; `support/scenario_*.rs` one scenario each (in the
 //! report's order: sequential, shim, bursts with memory, start_stop,
-//! restart, records, floods); `support/setup.rs` what they share (call
-//! environments, networks, a running plexusd, tmpfs scratch dirs, failure
-//! tallies); `support/procs.rs` timed process runs and /proc readings,
+//! restart, records, floods, k8s); `support/setup.rs` what they share
+//! (call environments, networks, a running plexusd, tmpfs scratch dirs,
+//! failure tallies); `support/procs.rs` timed process runs and /proc readings,
 //! `support/flood.rs` raw client connections, `support/daemon_metrics.rs`
 //! the daemon's Prometheus text, `support/stats.rs` and
 //! `support/report.rs` numbers and markdown. The test harness
@@ -41,6 +41,8 @@ mod daemon_metrics;
 mod flood;
 #[path = "support/scenario_floods.rs"]
 mod floods;
+#[path = "support/scenario_k8s.rs"]
+mod kube;
 #[path = "support/procs.rs"]
 mod procs;
 #[path = "support/scenario_records.rs"]
@@ -103,6 +105,8 @@ pub struct Counts {
     pub big_bodies: usize,
     /// ADDs of the plugin whose child keeps its pipes.
     pub setsid_adds: usize,
+    /// Kubernetes pod ADD+DEL pairs (two networks) per side.
+    pub k8s: usize,
 }
 
 impl Counts {
@@ -127,6 +131,7 @@ impl Counts {
                 flood_rounds: 3,
                 big_bodies: 200,
                 setsid_adds: 20,
+                k8s: 5,
             };
         }
         Self {
@@ -148,6 +153,7 @@ impl Counts {
             flood_rounds: 5,
             big_bodies: 1000,
             setsid_adds: 20,
+            k8s: 80,
         }
     }
 }
@@ -235,6 +241,9 @@ fn main() {
         |s| records::record_io(s, &c),
     ));
     sections.push(run("9. Floods", true, |s| floods::floods(s, &c)));
+    sections.push(run("10. Kubernetes pods with two networks", true, |s| {
+        kube::kubernetes(s, &c)
+    }));
 
     let mut out = String::new();
     out.push_str("# Plexus benchmark: the CNI call path\n\n");

@@ -794,6 +794,13 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, u16, String, Framing)>, ReadE
         }
     };
     let status = response.code.unwrap_or_default();
+    // RFC 9110: every valid status code is within 100 ... 599.
+    if !(100..=599).contains(&status) {
+        return Err(garbage(format!(
+            "bad status code {status}: {:?}",
+            snippet(buf)
+        )));
+    }
     let reason = response.reason.unwrap_or_default().to_string();
     let mut length: Option<usize> = None;
     let mut chunked = false;
@@ -926,6 +933,63 @@ impl Dechunker {
 fn snippet(bytes: &[u8]) -> String {
     let end = bytes.len().min(80);
     String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// Parses `raw` as the daemon's complete answer (the connection closes
+/// after its last byte), through the same reader the shim uses on the
+/// socket: `(status, body)`, or why it is not a usable answer. For the
+/// fuzz targets and tests.
+#[doc(hidden)]
+pub fn parse_raw_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    // MSG_NOSIGNAL: the reader may stop (and close) before all is sent.
+    fn send(fd: &UnixStream, buf: &[u8], flags: libc::c_int) -> io::Result<usize> {
+        // SAFETY: `buf` is a live slice and the descriptor is open.
+        let n = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                flags | libc::MSG_NOSIGNAL,
+            )
+        };
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    }
+    let (mut ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+    // What fits in the socket buffer goes now; a writer thread sends the
+    // rest while the reader reads.
+    let mut rest = raw;
+    while !rest.is_empty() {
+        match send(&theirs, rest, libc::MSG_DONTWAIT) {
+            Ok(0) => break,
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    std::thread::scope(|scope| {
+        if rest.is_empty() {
+            drop(theirs);
+        } else {
+            scope.spawn(move || {
+                while !rest.is_empty() {
+                    match send(&theirs, rest, 0) {
+                        Ok(0) => break,
+                        Ok(n) => rest = &rest[n..],
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let read = read_response(&mut ours, deadline);
+        drop(ours);
+        read.map(|r| (r.status, r.body)).map_err(|e| match e {
+            ReadError::TimedOut => "timed out".to_string(),
+            ReadError::Closed(why) | ReadError::Garbage(why) => why,
+            ReadError::Io(e) => e.to_string(),
+        })
+    })
 }
 
 #[cfg(test)]
@@ -1244,6 +1308,43 @@ mod tests {
         assert_eq!(
             (json["code"].as_u64(), json["msg"].as_str()),
             (Some(999), Some("x"))
+        );
+    }
+
+    #[test]
+    fn raw_response_parsing_should_match_the_socket_reader() {
+        assert_eq!(
+            parse_raw_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA"),
+            Ok((200, b"ok".to_vec()))
+        );
+        // Larger than a socket buffer: the writer must not deadlock.
+        let body = vec![b'x'; 3 << 20];
+        let mut raw =
+            format!("HTTP/1.1 400 Bad\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+        raw.extend_from_slice(&body);
+        assert_eq!(parse_raw_response(&raw), Ok((400, body)));
+        // Garbage stops the reader early, with most of the input unsent.
+        let mut junk = b"SMTP ready\r\n".to_vec();
+        junk.resize(2 << 20, b'y');
+        assert!(parse_raw_response(&junk)
+            .unwrap_err()
+            .contains("it is not an HTTP/1 response"));
+    }
+
+    #[test]
+    fn status_outside_100_to_599_should_be_garbage() {
+        for raw in [
+            &b"HTTP/1.1 096 OK\r\nContent-Length: 0\r\n\r\n"[..],
+            b"HTTP/1.1 000 X\r\n\r\n",
+            b"HTTP/1.1 600 X\r\n\r\n",
+            b"HTTP/1.1 999\r\n\r\n",
+        ] {
+            let err = parse_raw_response(raw).unwrap_err();
+            assert!(err.contains("bad status"), "{err}");
+        }
+        assert_eq!(
+            parse_raw_response(b"HTTP/1.1 599 X\r\nContent-Length: 0\r\n\r\n"),
+            Ok((599, Vec::new()))
         );
     }
 }

@@ -64,6 +64,15 @@ fn ready_should_wait_for_the_kubernetes_caches() {
         !d.log_text().contains("READY=1") && !status.contains("READY=1"),
         "READY=1 before the caches synced"
     );
+    // A pod's ADD needs the caches: try again later, nothing attached.
+    let ns = Netns::new();
+    let run = support::cni::Call::new("ADD", "k8sunsynced1", &ns, "eth0")
+        .args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u")
+        .run(&d);
+    let (code, msg, _) = support::cni::failed(&d, &run);
+    assert_eq!(code, 11, "{msg}");
+    assert!(ns.iface("eth0").is_none());
+    assert!(engine.records().is_empty());
     api.stall(false);
     let ready = d.wait_notify("READY=1", T);
     assert!(ready.contains("STATUS=serving:"), "{ready}");

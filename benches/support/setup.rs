@@ -47,6 +47,22 @@ pub fn shim_call(sock: &Path, command: &str, cid: &str, netns: &str, ifname: &st
     Call::new(SHIM, cni_env(command, cid, netns, ifname), shim_stdin(sock))
 }
 
+/// [`shim_call`] with `CNI_ARGS` `args` instead of [`CNI_ARGS`].
+pub fn shim_call_args(
+    sock: &Path,
+    command: &str,
+    cid: &str,
+    netns: &str,
+    ifname: &str,
+    args: &str,
+) -> Call {
+    Call::new(
+        SHIM,
+        cnisup::call_env(command, cid, netns, ifname, args),
+        shim_stdin(sock),
+    )
+}
+
 /// A network as Plexus sees it (a file in confDir) and as the direct
 /// baseline calls its one plugin.
 pub struct Network {
@@ -89,6 +105,17 @@ impl Network {
             stdin,
             ifname: "eth0".into(),
         }
+    }
+
+    /// The same network under another `name`, config file and CNI_IFNAME
+    /// (a second network for one container).
+    pub fn renamed(mut self, name: &str, file: &str, ifname: &str) -> Self {
+        self.name = name.into();
+        self.file = file.into();
+        self.config["name"] = json!(name);
+        self.stdin["name"] = json!(name);
+        self.ifname = ifname.into();
+        self
     }
 
     /// The direct call: ADD with the conf, DEL with the ADD's result as

@@ -114,9 +114,7 @@ impl Networks {
         }
         // As multus: nothing to show leaves the annotation as it was.
         if !entries.is_empty() {
-            let text = status::annotation(&entries);
-            k.source
-                .set_network_status(&pod, &text)
+            self.write_status(k, &pod, status::annotation(&entries))
                 .await
                 .map_err(|e| api_failure(pod_ref, e))?;
         }
@@ -318,4 +316,62 @@ async fn set_default_routes(
                 format!("default-route: {e}"),
             )
         })
+}
+
+/// Attempts of a network-status write the API server could not take at
+/// ADD time, and the pause before the first retry (doubling after each).
+const STATUS_RETRIES: u32 = 6;
+const STATUS_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl Networks {
+    /// Writes `text` as the pod's network-status. Unlike multus, an API
+    /// server that is away or slow does not fail the pod: its networks
+    /// are attached, so the ADD succeeds and the write is retried in the
+    /// background (about 30 s, then given up with a warning). A pod that
+    /// is gone is left alone. A refusal that will not change (a pod
+    /// recreated under the name, missing permissions) fails the ADD; the
+    /// attachment stays recorded, so the runtime's DEL removes it.
+    async fn write_status(
+        &self,
+        k: &Kubernetes,
+        pod: &PodInfo,
+        text: String,
+    ) -> Result<(), k8s::Error> {
+        match k.source.set_network_status(pod, &text).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() => {
+                tracing::info!(namespace = %pod.namespace, pod = %pod.name, "the pod is gone; network-status not written");
+                Ok(())
+            }
+            Err(e) if e.is_transient() => {
+                tracing::warn!(namespace = %pod.namespace, pod = %pod.name, cause = %e, "cannot write network-status now; the networks are attached and the write is retried in the background");
+                if let Some(k) = self.kubernetes.clone() {
+                    let pod = pod.clone();
+                    tokio::spawn(async move { retry_status(&k, &pod, &text).await });
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+async fn retry_status(k: &Kubernetes, pod: &PodInfo, text: &str) {
+    let mut pause = STATUS_RETRY_FIRST;
+    for attempt in 1..=STATUS_RETRIES {
+        tokio::time::sleep(pause).await;
+        pause *= 2;
+        match k.source.set_network_status(pod, text).await {
+            Ok(()) => {
+                tracing::info!(namespace = %pod.namespace, pod = %pod.name, attempt, "network-status written");
+                return;
+            }
+            Err(e) if e.is_transient() => continue,
+            Err(e) => {
+                tracing::warn!(namespace = %pod.namespace, pod = %pod.name, cause = %e, "network-status not written");
+                return;
+            }
+        }
+    }
+    tracing::warn!(namespace = %pod.namespace, pod = %pod.name, attempts = STATUS_RETRIES + 1, "network-status not written: the Kubernetes API did not take it");
 }

@@ -300,7 +300,8 @@ fn capability_args(config: &Map<String, Value>) -> Map<String, Value> {
         .unwrap_or_default()
 }
 
-fn parse_config(bytes: &[u8]) -> Result<Map<String, Value>, Failure> {
+#[doc(hidden)]
+pub fn parse_config(bytes: &[u8]) -> Result<Map<String, Value>, Failure> {
     if bytes.is_empty() {
         return Ok(Map::new());
     }
@@ -322,7 +323,10 @@ fn parse_config(bytes: &[u8]) -> Result<Map<String, Value>, Failure> {
 /// The runtime's valid attachments for GC: `cni.dev/valid-attachments`
 /// (or the older `cni.dev/attachments`); `null` means none. A GC without
 /// either key is refused, since it would delete every attachment.
-fn valid_attachments(config: &Map<String, Value>) -> Result<BTreeSet<(String, String)>, Failure> {
+#[doc(hidden)]
+pub fn valid_attachments(
+    config: &Map<String, Value>,
+) -> Result<BTreeSet<(String, String)>, Failure> {
     let bad = |why: String| {
         Failure::new(
             FailureKind::InvalidRequest,

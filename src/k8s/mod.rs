@@ -93,6 +93,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// The API answered 404: the object does not exist (any more).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Api(kube::Error::Api(status)) if status.code == 404)
+    }
+
     /// Worth trying again later (outage, timeout, throttling), as opposed
     /// to a refusal that will not change.
     pub fn is_transient(&self) -> bool {

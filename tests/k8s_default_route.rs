@@ -235,7 +235,9 @@ fn without_the_key_the_plugins_routes_should_stay() {
 }
 
 #[test]
-fn an_empty_list_should_remove_every_default_route() {
+/// `[]` is about its own network only (multus strips every network's
+/// default routes): the cluster network keeps its default route.
+fn an_empty_list_should_leave_other_networks_default_routes() {
     let annotation = json!([{"name": "blue", "default-route": []}]).to_string();
     let (ns, pod, uid) = ("ns1", "none", "uid-none");
     let n = node(
@@ -254,7 +256,11 @@ fn an_empty_list_should_remove_every_default_route() {
             .run(&n.daemon),
     );
     assert!(netns.iface("net1").is_some() && netns.iface("eth0").is_some());
-    assert_eq!(default_routes(&netns), [], "the pod's default routes");
+    assert_eq!(
+        default_routes(&netns),
+        [("eth0".to_string(), gateway(&n.subnets[0]))],
+        "the pod's default routes"
+    );
     del_and_check(&n, "k8sdrnone1", &netns, &args, &["eth0", "net1"]);
 }
 

@@ -2,19 +2,20 @@
 //! default route(s), and the route changes inside the pod's network
 //! namespace that follow from it.
 //!
-//! The rules are multus's (`CheckGatewayConfig` and `CmdAdd`):
+//! The rules follow multus's (`CheckGatewayConfig` and `CmdAdd`), per
+//! address family:
 //!
 //! - Without a `default-route` key on any selection element, nothing here
 //!   happens: whatever the plugins installed stays.
-//! - With at least one key (even `[]`), more than one IPv4 or more than one
-//!   IPv6 gateway in total fails the ADD before any plugin runs ([`plan`]).
-//!   Every network is marked "filter v4" and "filter v6"; a network whose
-//!   list holds a v4 (v6) gateway is unmarked for v4 (v6).
-//! - After the ADD, every network whose result shows interfaces or IPs
-//!   loses all its routes without destination (default routes, both
-//!   families) on its interface in the pod; a network with gateways then
-//!   gets one default route per gateway via that interface (one that
-//!   already exists is fine).
+//! - More than one IPv4 or more than one IPv6 gateway in total fails the
+//!   ADD before any plugin runs ([`plan`]).
+//! - A family some element asks a gateway of belongs to that element's
+//!   network: every other network whose result shows interfaces or IPs
+//!   loses its default routes of that family on its interface in the pod,
+//!   and the owner's default routes of that family are replaced by one via
+//!   the requested gateway (one that already exists is fine).
+//! - `[]` on an element removes that network's own default routes (both
+//!   families).
 //!
 //! The elements are those of the networks annotation and of the
 //! default-network annotation (its element carries the key to the network
@@ -22,6 +23,12 @@
 //! clusterNetwork and defaultNetworks have no element, so no key.
 //!
 //! Where Plexus differs from multus, deliberately:
+//!
+//! - multus marks every network for both families as soon as any element
+//!   has the key, so a request for an IPv6 gateway also strips every IPv4
+//!   default route, and `[]` on one network strips the default routes of
+//!   all of them. Plexus touches a family only where an element asked for
+//!   a gateway of it, and `[]` only the network it is on.
 //!
 //! - multus edits routes after each network's ADD, before the next one
 //!   runs; Plexus runs all networks first, then removes the default routes
@@ -69,9 +76,10 @@ pub(super) const ECMP_MESSAGE: &str = "multus does not support ECMP for default-
 /// One network's part in the default-route handling.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Marks {
-    /// Its default IPv4 routes are removed (no v4 gateway was asked of it).
+    /// Its default IPv4 routes are removed (another network owns IPv4's,
+    /// its own element says `[]`, or it owns IPv4's and they are replaced).
     pub filter_v4: bool,
-    /// Its default IPv6 routes are removed (no v6 gateway was asked of it).
+    /// The same for IPv6.
     pub filter_v6: bool,
     /// The gateways asked of it, in the element's order.
     pub gateways: Vec<IpAddr>,
@@ -115,9 +123,10 @@ pub(super) fn plan(requests: &[Option<&[IpAddr]>]) -> Result<Option<Vec<Marks>>,
             .iter()
             .map(|r| {
                 let gateways = r.map(<[IpAddr]>::to_vec).unwrap_or_default();
+                let none = r.is_some_and(<[IpAddr]>::is_empty);
                 Marks {
-                    filter_v4: !gateways.iter().any(IpAddr::is_ipv4),
-                    filter_v6: !gateways.iter().any(IpAddr::is_ipv6),
+                    filter_v4: none || v4 > 0,
+                    filter_v6: none || v6 > 0,
                     gateways,
                 }
             })
@@ -128,8 +137,8 @@ pub(super) fn plan(requests: &[Option<&[IpAddr]>]) -> Result<Option<Vec<Marks>>,
 /// One route change in the pod's namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Action {
-    /// Remove every default route (both families) via the interface.
-    Clear { ifname: String },
+    /// Remove the default routes of the marked families via the interface.
+    Clear { ifname: String, v4: bool, v6: bool },
     /// Add a default route via `gateway` on the interface.
     Add { ifname: String, gateway: IpAddr },
 }
@@ -156,17 +165,17 @@ pub(super) fn actions<'a>(
         if !attached {
             continue;
         }
-        // Marked for a family, or unmarked (then it has a gateway): every
-        // attached network loses its default routes.
-        clear.push(Action::Clear {
-            ifname: ifname.to_string(),
-        });
-        if !marks.filter_v4 || !marks.filter_v6 {
-            add.extend(marks.gateways.iter().map(|&gateway| Action::Add {
+        if marks.filter_v4 || marks.filter_v6 {
+            clear.push(Action::Clear {
                 ifname: ifname.to_string(),
-                gateway,
-            }));
+                v4: marks.filter_v4,
+                v6: marks.filter_v6,
+            });
         }
+        add.extend(marks.gateways.iter().map(|&gateway| Action::Add {
+            ifname: ifname.to_string(),
+            gateway,
+        }));
     }
     clear.extend(add);
     clear
@@ -217,15 +226,16 @@ pub(super) async fn apply(
 fn apply_blocking(netns: &str, actions: &[Action], timeout: Duration) -> Result<(), RouteError> {
     for action in actions {
         let ifname = match action {
-            Action::Clear { ifname } | Action::Add { ifname, .. } => ifname,
+            Action::Clear { ifname, .. } | Action::Add { ifname, .. } => ifname,
         };
         names::check_ifname(ifname).map_err(|e| RouteError::BadIfname {
             ifname: ifname.clone(),
             why: e.to_string(),
         })?;
         match action {
-            Action::Clear { ifname } => {
-                for (family, all) in [("-4", "0.0.0.0/0"), ("-6", "::/0")] {
+            Action::Clear { ifname, v4, v6 } => {
+                let families = [("-4", "0.0.0.0/0", *v4), ("-6", "::/0", *v6)];
+                for (family, all, _) in families.into_iter().filter(|f| f.2) {
                     let args = [family, "route", "flush", "dev", ifname, "exact", all];
                     match ip(netns, &args, timeout) {
                         Ok(()) => {}
@@ -421,23 +431,26 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_list_should_mark_every_network() {
+    fn an_empty_list_should_mark_its_own_network_only() {
         let empty: Vec<IpAddr> = vec![];
         let marks = plan(&[None, Some(&empty)]).unwrap().unwrap();
-        for m in &marks {
-            assert!(m.filter_v4 && m.filter_v6 && m.gateways.is_empty());
-        }
+        assert!(!marks[0].filter_v4 && !marks[0].filter_v6);
+        assert!(marks[1].filter_v4 && marks[1].filter_v6 && marks[1].gateways.is_empty());
     }
 
     #[test]
-    fn a_gateway_should_unmark_its_family_on_its_network_only() {
+    fn a_gateway_should_take_its_family_only() {
         let gw = ips(&["10.1.1.1"]);
         let marks = plan(&[None, Some(&gw)]).unwrap().unwrap();
-        assert!(marks[0].filter_v4 && marks[0].filter_v6);
-        assert!(!marks[1].filter_v4 && marks[1].filter_v6);
+        // IPv4 is net1's now; IPv6 is left as the plugins made it.
+        assert!(marks[0].filter_v4 && !marks[0].filter_v6);
+        assert!(marks[1].filter_v4 && !marks[1].filter_v6);
+        let six = ips(&["fd00::1"]);
+        let marks = plan(&[None, Some(&six)]).unwrap().unwrap();
+        assert!(!marks[0].filter_v4 && marks[0].filter_v6);
         let dual = ips(&["10.1.1.1", "fd00::1"]);
-        let marks = plan(&[Some(&dual)]).unwrap().unwrap();
-        assert!(!marks[0].filter_v4 && !marks[0].filter_v6);
+        let marks = plan(&[None, Some(&dual)]).unwrap().unwrap();
+        assert!(marks[0].filter_v4 && marks[0].filter_v6);
     }
 
     #[test]
@@ -464,10 +477,14 @@ mod tests {
             got,
             [
                 Action::Clear {
-                    ifname: "eth0".into()
+                    ifname: "eth0".into(),
+                    v4: true,
+                    v6: false
                 },
                 Action::Clear {
-                    ifname: "net1".into()
+                    ifname: "net1".into(),
+                    v4: true,
+                    v6: false
                 },
                 Action::Add {
                     ifname: "net1".into(),
@@ -543,6 +560,8 @@ mod tests {
             "/nonexistent",
             &[Action::Clear {
                 ifname: "a b".into(),
+                v4: true,
+                v6: true,
             }],
             COMMAND_TIMEOUT,
         )

@@ -208,6 +208,17 @@ fn the_json_form_should_pass_interface_and_ips_to_the_network() {
             .run(&n.daemon),
     );
     assert_eq!(addr_in(&ns, "data0"), static_ip);
+    // multus's CNI_ARGS for a pod's networks, with the element's legacy IP=.
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(n.engine.record("k8sdb1")).unwrap()).unwrap();
+    let args: Vec<&str> = record["attachments"][0]["delegates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["cniArgs"].as_str().unwrap_or(""))
+        .collect();
+    let base = "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=db;K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID=uid-db";
+    assert_eq!(args, [base.to_string(), format!("{base};IP={static_ip}")]);
     ok(
         &n.daemon,
         &Call::new("DEL", "k8sdb1", &ns, "eth0")

@@ -37,6 +37,7 @@ fn loopback_record(container_id: &str, netns: &str) -> Record {
                 "plugins": [{"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}],
             }),
             capability_args: None,
+            cni_args: None,
             result: Some(json!({
                 "cniVersion": "1.0.0",
                 "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00", "sandbox": netns}],

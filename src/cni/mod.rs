@@ -202,6 +202,9 @@ pub struct Planned {
     /// ips, mac, portMappings...), in place of the call's; `None`: the
     /// call's `runtimeConfig`.
     pub capability_args: Option<Map<String, Value>>,
+    /// This network's own `CNI_ARGS` (what multus gives a pod's networks),
+    /// in place of the call's; `None`: the call's.
+    pub cni_args: Option<String>,
 }
 
 impl Planned {
@@ -212,6 +215,7 @@ impl Planned {
             ifname: ifname.into(),
             primary,
             capability_args: None,
+            cni_args: None,
         }
     }
 }
@@ -604,13 +608,22 @@ impl Engine {
         Ok(Prepared { plugins })
     }
 
-    fn call_env(&self, command: Command, inv: &Invocation, ifname: &str, netns: &str) -> CallEnv {
+    /// The environment of one network's plugins: the call's, with the
+    /// network's own `CNI_ARGS` when it has them.
+    fn call_env(
+        &self,
+        command: Command,
+        inv: &Invocation,
+        ifname: &str,
+        netns: &str,
+        own_args: Option<&str>,
+    ) -> CallEnv {
         CallEnv {
             command: command.as_str(),
             container_id: inv.container_id.clone(),
             netns: netns.to_string(),
             ifname: ifname.to_string(),
-            args: inv.args.clone(),
+            args: own_args.unwrap_or(&inv.args).to_string(),
         }
     }
 
@@ -714,7 +727,7 @@ impl Engine {
             Ok(l) => l,
             Err(e) => return vec![Error::config(e)],
         };
-        let env = self.call_env(Command::Del, inv, &d.ifname, netns);
+        let env = self.call_env(Command::Del, inv, &d.ifname, netns, d.cni_args.as_deref());
         self.del_chain(&list, &env, d.capability_args_in(att), prev)
             .await
     }
@@ -807,6 +820,7 @@ impl Engine {
                         .capability_args
                         .clone()
                         .map(|own| declared_capabilities(std::iter::once(&p.list), own)),
+                    cni_args: p.cni_args.clone(),
                     result: None,
                 })
                 .collect(),
@@ -832,7 +846,13 @@ impl Engine {
             if let Err(e) = self.save_record(&record, Durability::Synced).await {
                 return Err(self.roll_back(inv, &mut record, slot, i, None, e).await);
             }
-            let env = self.call_env(Command::Add, inv, &p.ifname, &inv.netns);
+            let env = self.call_env(
+                Command::Add,
+                inv,
+                &p.ifname,
+                &inv.netns,
+                p.cni_args.as_deref(),
+            );
             let args = record.attachments[slot].delegates[i]
                 .capability_args
                 .clone()
@@ -996,6 +1016,7 @@ impl Engine {
                         state: State::Adding,
                         config: p.list.to_value(),
                         capability_args: None,
+                        cni_args: None,
                         result: None,
                     })
                     .collect(),
@@ -1101,7 +1122,13 @@ impl Engine {
                 continue;
             }
             let prepared = self.prepare(&list, Command::Check).await?;
-            let env = self.call_env(Command::Check, inv, &d.ifname, &inv.netns);
+            let env = self.call_env(
+                Command::Check,
+                inv,
+                &d.ifname,
+                &inv.netns,
+                d.cni_args.as_deref(),
+            );
             for (i, (plugin, version)) in prepared.plugins.iter().enumerate() {
                 if !at_least(version, "0.4.0") {
                     continue;

@@ -73,6 +73,9 @@ pub struct Delegate {
     /// its plugins declared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability_args: Option<Map<String, Value>>,
+    /// This network's own `CNI_ARGS`, where they differ from the call's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni_args: Option<String>,
     /// The final ADD result (recorded once the chain succeeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
@@ -826,6 +829,7 @@ mod tests {
                 state: State::Adding,
                 config: json!({"name":"n"}),
                 capability_args: None,
+                cni_args: None,
                 result: None,
             }],
         });

@@ -112,6 +112,7 @@ mod tests {
                 state: State::Added,
                 config: json!({}),
                 capability_args: None,
+                cni_args: None,
                 result: Some(json!({
                     "cniVersion": "1.1.0",
                     "interfaces": [

@@ -85,7 +85,7 @@ impl Networks {
             }
             Err(e) => return Err(api_failure(pod_ref, e)),
         };
-        let networks = self.pod_networks(k, inv, &pod, &cap_args).await?;
+        let networks = self.pod_networks(k, inv, pod_ref, &pod, &cap_args).await?;
         // Before anything runs: an ECMP request fails the ADD.
         let requests: Vec<Option<&[IpAddr]>> = networks
             .iter()
@@ -141,10 +141,34 @@ impl Networks {
         &self,
         k: &Kubernetes,
         inv: &Invocation,
+        pod_ref: &PodRef,
         pod: &PodInfo,
         cap_args: &Map<String, Value>,
     ) -> Result<Vec<PodNetwork>, Failure> {
         let cfg = &*self.selection;
+        // The CNI_ARGS multus gives every network of a pod (the runtime's
+        // other keys are not passed on), plus an element's legacy MAC=/IP=.
+        let args_for = |legacy: Vec<(String, String)>| {
+            let mut pairs = vec![
+                ("IgnoreUnknown".to_string(), "true".to_string()),
+                ("K8S_POD_NAMESPACE".to_string(), pod_ref.namespace.clone()),
+                ("K8S_POD_NAME".to_string(), pod_ref.name.clone()),
+                (
+                    "K8S_POD_INFRA_CONTAINER_ID".to_string(),
+                    pod_ref.infra_container_id.clone().unwrap_or_default(),
+                ),
+                (
+                    "K8S_POD_UID".to_string(),
+                    pod_ref.uid.clone().unwrap_or_else(|| pod.uid.clone()),
+                ),
+            ];
+            pairs.extend(legacy);
+            pairs
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(";")
+        };
         let annotation = |key: &str| pod.annotations.get(key).map(String::as_str);
         let requested = multus::parse_networks_annotation(
             annotation(multus::NETWORKS_ANNOTATION),
@@ -170,8 +194,10 @@ impl Networks {
             let network = if let Some(sel) = default_network.as_ref().filter(|_| i == 0) {
                 // Replaces the cluster network; not subject to isolation.
                 let (list, display_name) = self.nad_network(k, sel).await?;
+                let mut planned = Planned::new(list, s.ifname, true);
+                planned.cni_args = Some(args_for(Vec::new()));
                 PodNetwork {
-                    planned: Planned::new(list, s.ifname, true),
+                    planned,
                     display_name,
                     default_route: sel.default_route.clone(),
                 }
@@ -179,8 +205,10 @@ impl Networks {
                 // clusterNetwork and defaultNetworks: a NAD of that name
                 // in multusNamespace, else a network in confDir (or a path).
                 let (list, display_name) = self.configured_network(k, &s.network).await?;
+                let mut planned = Planned::new(list, s.ifname, s.primary);
+                planned.cni_args = Some(args_for(Vec::new()));
                 PodNetwork {
-                    planned: Planned::new(list, s.ifname, s.primary),
+                    planned,
                     display_name,
                     default_route: None,
                 }
@@ -195,6 +223,7 @@ impl Networks {
                 .map_err(|e| bad_config(e.to_string()))?;
                 let (list, display_name) = self.nad_network(k, sel).await?;
                 let mut planned = Planned::new(list, s.ifname, false);
+                planned.cni_args = Some(args_for(multus::legacy_cni_args(sel)));
                 planned.capability_args = Some(multus::runtime_config(
                     sel,
                     cap_args,

@@ -299,3 +299,32 @@ fn an_unreachable_gateway_should_fail_the_add_and_leave_it_for_del() {
         );
     }
 }
+
+/// The default-network annotation's element may carry the key too: its
+/// network replaces the cluster network and owns the default route.
+#[test]
+fn the_default_network_elements_default_route_should_be_honoured() {
+    let (ns, pod, uid) = ("ns1", "dn", "uid-dn");
+    let n = node("k8s-drdn", ns, pod, uid, |subnets| {
+        let default_network = json!([{"name": "blue", "namespace": "ns1",
+                                      "default-route": [gateway(&subnets[1])]}])
+        .to_string();
+        json!({"v1.multus-cni.io/default-network": default_network,
+               "k8s.v1.cni.cncf.io/networks": "green"})
+    });
+    let netns = Netns::new();
+    let args = pod_args(ns, pod, uid);
+    ok(
+        &n.daemon,
+        &Call::new("ADD", "k8sdrdn1", &netns, "eth0")
+            .args(&args)
+            .run(&n.daemon),
+    );
+    // eth0 is blue's (no IPAM default route of its own), net1 green's.
+    assert_eq!(
+        default_routes(&netns),
+        [("eth0".to_string(), gateway(&n.subnets[1]))],
+        "the pod's default routes"
+    );
+    del_and_check(&n, "k8sdrdn1", &netns, &args, &["eth0", "net1"]);
+}

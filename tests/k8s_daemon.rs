@@ -11,10 +11,9 @@ use serde_json::{json, Value};
 use support::cni::{bridge, cni, conflist, ok, Engine};
 use support::daemon::{wait_until, Daemon, PLEXUSD};
 use support::http;
-use support::kube::FakeApi;
+use support::kube::{pod_args, FakeApi};
 use support::netns::{Link, Netns, Subnet};
 
-const NODE: &str = "node-1";
 const T: Duration = Duration::from_secs(20);
 
 /// An engine with one bridge network as clusterNetwork and a daemon
@@ -31,13 +30,9 @@ fn setup(tag: &str, api: &FakeApi, sync_timeout: &str) -> (Engine, Value, Link, 
             vec![bridge(&link.name, engine.host_local(&subnet))],
         ),
     );
-    let kubeconfig = engine.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
     let mut config = engine.config("cluster", "20s");
-    config["kubeconfig"] = json!(kubeconfig);
-    config["nodeName"] = json!(NODE);
+    api.configure(&engine.dir, &mut config, "2s");
     config["kubernetesSyncTimeout"] = json!(sync_timeout);
-    config["kubernetesRequestTimeout"] = json!("2s");
     (engine, config, link, subnet)
 }
 
@@ -67,7 +62,7 @@ fn ready_should_wait_for_the_kubernetes_caches() {
     // A pod's ADD needs the caches: try again later, nothing attached.
     let ns = Netns::new();
     let run = support::cni::Call::new("ADD", "k8sunsynced1", &ns, "eth0")
-        .args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u")
+        .args(&pod_args("ns", "p", "u"))
         .run(&d);
     let (code, msg, _) = support::cni::failed(&d, &run);
     assert_eq!(code, 11, "{msg}");

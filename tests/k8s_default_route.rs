@@ -13,11 +13,8 @@ mod support;
 use serde_json::{json, Value};
 use support::cni::{conflist, failed, ok, Call, Engine};
 use support::daemon::Daemon;
-use support::kube::FakeApi;
+use support::kube::{pod_args, FakeApi, NETWORK_STATUS as STATUS, NODE};
 use support::netns::{ip_ok, Link, Netns, Subnet};
-
-const NODE: &str = "node-1";
-const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 
 /// A node: the cluster network in confDir (its IPAM gives a default route
 /// via `<subnet 0>.1`), two NADs `ns1/blue` and `ns1/green` each on a
@@ -73,12 +70,8 @@ fn node(
         api.put_nad("ns1", name, Some(&config.to_string()), json!({}));
     }
     api.put_pod(ns, pod, uid, NODE, annotations(&subnets));
-    let kubeconfig = engine.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
     let mut config = engine.config("cluster", "20s");
-    config["kubeconfig"] = json!(kubeconfig);
-    config["nodeName"] = json!(NODE);
-    config["kubernetesRequestTimeout"] = json!("2s");
+    api.configure(&engine.dir, &mut config, "2s");
     let mut daemon = Daemon::start(&engine.dir, "d", config);
     daemon.ready();
     Node {
@@ -88,12 +81,6 @@ fn node(
         subnets,
         _links: links,
     }
-}
-
-fn pod_args(ns: &str, name: &str, uid: &str) -> String {
-    format!(
-        "IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID={uid}"
-    )
 }
 
 /// The default routes in `netns` (both families, main table) as

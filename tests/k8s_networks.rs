@@ -9,11 +9,8 @@ mod support;
 use serde_json::{json, Value};
 use support::cni::{bare, bridge, conflist, failed, ok, Call, Engine};
 use support::daemon::Daemon;
-use support::kube::FakeApi;
+use support::kube::{pod_args, FakeApi, NETWORK_STATUS as STATUS, NODE};
 use support::netns::{Link, Netns, Subnet};
-
-const NODE: &str = "node-1";
-const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 
 /// A node: the cluster network in confDir, two NADs (`ns1/blue`,
 /// `shared/red`) each on a bridge of its own, and a daemon watching `api`.
@@ -57,12 +54,8 @@ fn node(tag: &str, pods: Vec<Pod<'_>>, extra_nads: Vec<(&str, &str, String)>) ->
     for (ns, name, uid, annotations) in pods {
         api.put_pod(ns, name, uid, NODE, annotations);
     }
-    let kubeconfig = engine.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
     let mut config = engine.config("cluster", "20s");
-    config["kubeconfig"] = json!(kubeconfig);
-    config["nodeName"] = json!(NODE);
-    config["kubernetesRequestTimeout"] = json!("2s");
+    api.configure(&engine.dir, &mut config, "2s");
     let mut daemon = Daemon::start(&engine.dir, "d", config);
     daemon.ready();
     Node {
@@ -72,12 +65,6 @@ fn node(tag: &str, pods: Vec<Pod<'_>>, extra_nads: Vec<(&str, &str, String)>) ->
         subnets,
         _links: links,
     }
-}
-
-fn pod_args(ns: &str, name: &str, uid: &str) -> String {
-    format!(
-        "IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID={uid}"
-    )
 }
 
 /// The IPv4 address of `ifname` in `netns`, as `address/prefix`.

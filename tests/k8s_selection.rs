@@ -9,11 +9,8 @@ mod support;
 use serde_json::{json, Value};
 use support::cni::{bridge, conflist, failed, ok, Call, Engine};
 use support::daemon::Daemon;
-use support::kube::FakeApi;
+use support::kube::{pod_args, FakeApi, NODE};
 use support::netns::{Link, Netns, Subnet};
-
-const NODE: &str = "node-1";
-const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 
 /// Four bridge networks: `cluster` and `lan` (a defaultNetwork) in
 /// confDir, NADs `kube-system/alt` and `ns2/blue`, and `ns1/filed` whose
@@ -71,13 +68,9 @@ fn node_with(
     for (ns, name, annotations) in pods {
         api.put_pod(ns, name, &format!("uid-{name}"), NODE, annotations);
     }
-    let kubeconfig = engine.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
     let mut config = engine.config("cluster", "20s");
     config["defaultNetworks"] = json!(["lan"]);
-    config["kubeconfig"] = json!(kubeconfig);
-    config["nodeName"] = json!(NODE);
-    config["kubernetesRequestTimeout"] = json!("1s");
+    api.configure(&engine.dir, &mut config, "1s");
     for (k, v) in extra.as_object().unwrap() {
         config[k] = v.clone();
     }
@@ -94,9 +87,7 @@ fn node_with(
 
 fn add(n: &Node, ns: &Netns, id: &str, pod_ns: &str, pod: &str) -> support::shim::Run {
     Call::new("ADD", id, ns, "eth0")
-        .args(&format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
-        ))
+        .args(&pod_args(pod_ns, pod, &format!("uid-{pod}")))
         .run(&n.daemon)
 }
 
@@ -104,9 +95,7 @@ fn del(n: &Node, ns: &Netns, id: &str, pod_ns: &str, pod: &str) {
     ok(
         &n.daemon,
         &Call::new("DEL", id, ns, "eth0")
-            .args(&format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
-            ))
+            .args(&pod_args(pod_ns, pod, &format!("uid-{pod}")))
             .run(&n.daemon),
     );
 }
@@ -130,11 +119,11 @@ fn attached(ns: &Netns) -> Vec<(String, String)> {
 }
 
 fn status_names(n: &Node, pod_ns: &str, pod: &str) -> Vec<String> {
-    let p = n.api.pod(pod_ns, pod).unwrap();
-    let text = p["metadata"]["annotations"][STATUS]
-        .as_str()
-        .unwrap_or("[]");
-    let v: Value = serde_json::from_str(text).unwrap();
+    let text = n
+        .api
+        .network_status(pod_ns, pod)
+        .unwrap_or_else(|| "[]".into());
+    let v: Value = serde_json::from_str(&text).unwrap();
     v.as_array()
         .unwrap()
         .iter()

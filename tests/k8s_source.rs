@@ -9,9 +9,8 @@ use std::time::Duration;
 use plexus::k8s::{Config, Error, PodInfo, Source, NETWORK_STATUS_ANNOTATION};
 use serde_json::{json, Value};
 use support::daemon::TestDir;
-use support::kube::{FakeApi, Logged};
+use support::kube::{FakeApi, Logged, NODE};
 
-const NODE: &str = "node-1";
 const T: Duration = Duration::from_secs(15);
 
 fn runtime() -> tokio::runtime::Runtime {

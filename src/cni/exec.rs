@@ -1096,7 +1096,9 @@ async fn wait_exit(pid: u32) {
     let _ = tokio::task::spawn_blocking(move || wait_exit_nowait(pid)).await;
 }
 
-fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+/// A pidfd of `pid` (readable once it exits); `None` where the kernel
+/// has none (before 5.3).
+pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open(2) takes a pid and flags and returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd < 0 {
@@ -1126,7 +1128,8 @@ fn wait_exit_nowait(pid: u32) {
     }
 }
 
-fn kill_group(pid: u32) {
+/// SIGKILLs the process group our unreaped child `pid` leads.
+pub(crate) fn kill_group(pid: u32) {
     if let Ok(pid) = i32::try_from(pid) {
         // SAFETY: kill(2) with a negative pid signals the process group our
         // (still unreaped) child leads; no memory is involved.

@@ -59,6 +59,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::cni::exec;
 use crate::names;
 
 /// How long one `ip` command may take before it is killed.
@@ -313,10 +314,7 @@ fn run_bounded(mut cmd: Command, shown: &str, timeout: Duration) -> Result<(), S
     if !exited {
         // The child is not reaped yet, so its pid (and group id) cannot
         // have been reused.
-        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-            // SAFETY: kill(2) on our own unreaped child's process group.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
-        }
+        exec::kill_group(child.id());
         let _ = child.kill();
     }
     let status = child
@@ -365,31 +363,25 @@ fn memfd() -> std::io::Result<File> {
 /// with waitid(WNOWAIT) every few milliseconds. True when it exited.
 fn wait_exit(pid: u32, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
-    // SAFETY: pidfd_open(2) takes a pid and flags, returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if let Ok(fd) = i32::try_from(fd) {
-        if fd >= 0 {
-            // SAFETY: fd is a new descriptor that nothing else owns.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
-                let mut p = libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: poll(2) on one valid pollfd.
-                let n = unsafe { libc::poll(&mut p, 1, ms) };
-                if n > 0 {
-                    return true;
-                }
-                if n == 0 {
-                    return false;
-                }
-                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                    break;
-                }
+    if let Some(fd) = exec::pidfd_open(pid) {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+            let mut p = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll(2) on one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, ms) };
+            if n > 0 {
+                return true;
+            }
+            if n == 0 {
+                return false;
+            }
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
             }
         }
     }

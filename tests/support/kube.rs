@@ -37,6 +37,18 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, watch};
 
+/// The node the tests' daemons serve.
+pub const NODE: &str = "node-1";
+/// The pod annotation plexusd writes after an ADD.
+pub const NETWORK_STATUS: &str = plexus::k8s::NETWORK_STATUS_ANNOTATION;
+
+/// `CNI_ARGS` as a Kubernetes runtime sends them for pod `ns/name`.
+pub fn pod_args(ns: &str, name: &str, uid: &str) -> String {
+    format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID={uid}"
+    )
+}
+
 /// Pods: core group.
 const PODS: &str = "pods";
 /// NetworkAttachmentDefinitions: k8s.cni.cncf.io/v1.
@@ -175,6 +187,29 @@ impl FakeApi {
             self.url()
         );
         std::fs::write(path, text).expect("write kubeconfig");
+    }
+
+    /// Points a daemon config at this server: writes `<dir>/kubeconfig`
+    /// and sets `kubeconfig`, `nodeName` ([`NODE`]) and
+    /// `kubernetesRequestTimeout`.
+    pub fn configure(
+        &self,
+        dir: &super::daemon::TestDir,
+        config: &mut Value,
+        request_timeout: &str,
+    ) {
+        let kubeconfig = dir.join("kubeconfig");
+        self.write_kubeconfig(&kubeconfig);
+        config["kubeconfig"] = json!(kubeconfig);
+        config["nodeName"] = json!(NODE);
+        config["kubernetesRequestTimeout"] = json!(request_timeout);
+    }
+
+    /// The pod's network-status annotation, if it has one.
+    pub fn network_status(&self, namespace: &str, name: &str) -> Option<String> {
+        self.pod(namespace, name)?["metadata"]["annotations"][NETWORK_STATUS]
+            .as_str()
+            .map(str::to_string)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

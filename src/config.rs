@@ -63,6 +63,9 @@ const KNOWN_KEYS: &[&str] = &[
     "nodeName",
     "kubernetesSyncTimeout",
     "kubernetesRequestTimeout",
+    "podResourcesSocket",
+    "deviceCheckpointFile",
+    "deviceInfoDir",
     "runtimeConfig",
     "capabilities",
     // multus generator and deployment keys.
@@ -299,6 +302,15 @@ impl Config {
         let kubernetes_request_timeout = f
             .nonzero_duration("kubernetesRequestTimeout")
             .unwrap_or(k8s::DEFAULT_REQUEST_TIMEOUT);
+        let pod_resources_socket = f
+            .path("podResourcesSocket")
+            .unwrap_or_else(|| k8s::devices::DEFAULT_POD_RESOURCES_SOCKET.into());
+        let device_checkpoint = f
+            .path("deviceCheckpointFile")
+            .unwrap_or_else(|| k8s::devices::DEFAULT_CHECKPOINT_FILE.into());
+        let device_info_dir = f
+            .path("deviceInfoDir")
+            .unwrap_or_else(|| k8s::devices::DEFAULT_DEVICE_INFO_DIR.into());
 
         let unknown_keys = raw
             .keys()
@@ -339,6 +351,7 @@ impl Config {
                 conf_dir,
                 state_dir,
                 plugin_timeout,
+                device_info_dir: device_info_dir.clone(),
             },
             selection: cluster_network.map(|cluster_network| selection::Config {
                 cluster_network,
@@ -353,6 +366,12 @@ impl Config {
                 node_name,
                 sync_timeout: kubernetes_sync_timeout,
                 request_timeout: kubernetes_request_timeout,
+                devices: k8s::devices::DeviceSource {
+                    socket: pod_resources_socket,
+                    checkpoint: device_checkpoint,
+                    timeout: kubernetes_request_timeout,
+                },
+                device_info_dir,
             },
             unknown_keys,
         })

@@ -29,6 +29,8 @@ fn config(api: &FakeApi, dir: &TestDir) -> Config {
         node_name: NODE.to_string(),
         sync_timeout: T,
         request_timeout: Duration::from_secs(2),
+        devices: Default::default(),
+        device_info_dir: dir.join("devinfo"),
     }
 }
 

@@ -283,6 +283,7 @@ fn rig() -> Rig {
         conf_dir: dir.path().join("conf"),
         state_dir: dir.path().to_path_buf(),
         plugin_timeout: Duration::from_secs(5),
+        device_info_dir: dir.path().join("devinfo"),
     };
     let (runner, started) = FakeRunner::new();
     let store = Arc::new(MemStore::default());
@@ -836,4 +837,49 @@ async fn a_networks_own_capability_arguments_should_reach_its_plugins_at_add_and
             "{command}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_networks_device_info_file_should_go_after_its_del_and_nothing_outside_the_directory() {
+    let r = rig();
+    let info_dir = r._dir.path().join("devinfo").join("cni");
+    std::fs::create_dir_all(&info_dir).unwrap();
+    let ours = info_dir.join("ns-red-c1_net1");
+    let failing = info_dir.join("ns-blue-c1_net2");
+    let outside = r._dir.path().join("runtime-device-info");
+    for f in [&ours, &failing, &outside] {
+        std::fs::write(f, "{}").unwrap();
+    }
+    let with_file = |list: NetworkList, ifname: &str, file: &Path| {
+        let mut p = plan(list, ifname, false);
+        p.capability_args = Some(
+            json!({"deviceID": "0000:03:00.1", "CNIDeviceInfoFile": file})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        p
+    };
+    let planned = vec![
+        with_file(net("primary", &["a"]), "eth0", &outside),
+        with_file(net("red", &["b"]), "net1", &ours),
+        with_file(net("blue", &["c"]), "net2", &failing),
+    ];
+    r.engine
+        .add_networks(&call(Command::Add, "c1", "eth0"), Map::new(), planned)
+        .await
+        .unwrap();
+    r.runner
+        .script("c", "DEL", Act::Fail(11, "the device is busy"));
+    assert!(del(&r.engine, "c1", "eth0").await.is_err());
+    // The file of the network whose DEL succeeded is gone; the failed
+    // one's stays for the retry; a path outside the directory (here the
+    // runtime's own) is never touched.
+    assert!(!ours.exists());
+    assert!(failing.exists());
+    assert!(outside.exists());
+    r.runner.script("c", "DEL", Act::Succeed);
+    del(&r.engine, "c1", "eth0").await.unwrap();
+    assert!(!failing.exists());
+    assert!(outside.exists());
 }

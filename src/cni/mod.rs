@@ -85,6 +85,9 @@ pub struct Config {
     pub conf_dir: PathBuf,
     pub state_dir: PathBuf,
     pub plugin_timeout: Duration,
+    /// The device-info directory: a network's `CNIDeviceInfoFile` that
+    /// lies directly in its `cni/` is removed after the network's DEL.
+    pub device_info_dir: PathBuf,
 }
 
 impl Default for Config {
@@ -94,6 +97,7 @@ impl Default for Config {
             conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             plugin_timeout: DEFAULT_PLUGIN_TIMEOUT,
+            device_info_dir: PathBuf::from(crate::k8s::devices::DEFAULT_DEVICE_INFO_DIR),
         }
     }
 }
@@ -728,8 +732,33 @@ impl Engine {
             Err(e) => return vec![Error::config(e)],
         };
         let env = self.call_env(Command::Del, inv, &d.ifname, netns, d.cni_args.as_deref());
-        self.del_chain(&list, &env, d.capability_args_in(att), prev)
-            .await
+        let cap_args = d.capability_args_in(att);
+        let errors = self.del_chain(&list, &env, cap_args, prev).await;
+        if errors.is_empty() {
+            self.remove_device_info(cap_args).await;
+        }
+        errors
+    }
+
+    /// After a network's DEL: its device-info file (the
+    /// `CNIDeviceInfoFile` capability argument), when that names a file
+    /// directly in the device-info directory's `cni/`; any other path is
+    /// left alone.
+    async fn remove_device_info(&self, cap_args: &Map<String, Value>) {
+        let Some(file) = cap_args.get("CNIDeviceInfoFile").and_then(Value::as_str) else {
+            return;
+        };
+        let path = PathBuf::from(file);
+        if !crate::k8s::devices::is_cni_file(&self.config.device_info_dir, &path) {
+            return;
+        }
+        match tokio::fs::remove_file(&path).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(file = %path.display(), cause = %e, "cannot remove a device-info file")
+            }
+        }
     }
 
     async fn save_record(&self, record: &Record, durability: Durability) -> Result<(), Error> {
@@ -819,7 +848,7 @@ impl Engine {
                     capability_args: p
                         .capability_args
                         .clone()
-                        .map(|own| declared_capabilities(std::iter::once(&p.list), own)),
+                        .map(|own| recorded_capabilities(&p.list, own)),
                     cni_args: p.cni_args.clone(),
                     result: None,
                 })
@@ -1503,6 +1532,19 @@ fn declared_capabilities<'a>(
     cap_args
 }
 
+/// A network's own capability arguments as recorded: those its plugins
+/// declare, plus its device-info file whether declared or not, so that
+/// DEL can remove the file (plugins are still given only what they
+/// declare).
+fn recorded_capabilities(list: &NetworkList, own: Map<String, Value>) -> Map<String, Value> {
+    let file = own.get("CNIDeviceInfoFile").cloned();
+    let mut kept = declared_capabilities(std::iter::once(list), own);
+    if let Some(file) = file {
+        kept.insert("CNIDeviceInfoFile".into(), file);
+    }
+    kept
+}
+
 /// Runs blocking file work off the async runtime.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
     tokio::task::spawn_blocking(f).await.map_err(|e| {
@@ -1617,6 +1659,7 @@ mod tests {
             conf_dir: state.join("conf"),
             state_dir: state.to_path_buf(),
             plugin_timeout: Duration::from_secs(5),
+            device_info_dir: state.join("devinfo"),
         }
     }
 

@@ -4,6 +4,7 @@
 //! the pod's `network-status` annotation is written with one API call.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
@@ -12,6 +13,7 @@ use super::{failure, Kubernetes, Networks};
 use crate::api::code;
 use crate::cni::types::{Invocation, NetworkList};
 use crate::cni::{self, Planned};
+use crate::k8s::devices::{self, DeviceError, Devices};
 use crate::k8s::{self, status, PodInfo, PodRef};
 use crate::result;
 use crate::selection::{self, multus, nad};
@@ -23,6 +25,50 @@ struct PodNetwork {
     planned: Planned,
     display_name: String,
     default_route: Option<Vec<IpAddr>>,
+    /// The device plugin's device-info file to copy to the network's
+    /// before its plugin runs (`dp` → `cni`).
+    copy_device_info: Option<(PathBuf, PathBuf)>,
+}
+
+/// A NAD's network as [`Networks::nad_network`] resolves it.
+struct NadNetwork {
+    list: NetworkList,
+    display_name: String,
+    /// The NAD's `resourceName` and the device it took, if any.
+    device: Option<(String, String)>,
+}
+
+/// The pod's devices (from the kubelet), asked for at most once per ADD
+/// and only when a network names a resource.
+struct PodDevices<'a> {
+    pod: &'a PodInfo,
+    devices: Option<Devices>,
+}
+
+impl PodDevices<'_> {
+    async fn take(&mut self, k: &Kubernetes, resource: &str) -> Result<Option<String>, Failure> {
+        if self.devices.is_none() {
+            let found = k
+                .source
+                .devices()
+                .pod_devices(&self.pod.namespace, &self.pod.name, &self.pod.uid)
+                .await
+                .map_err(|e| {
+                    let msg = format!(
+                        "pod {}/{}: the devices of resource {resource:?}: {e}",
+                        self.pod.namespace, self.pod.name
+                    );
+                    match e {
+                        DeviceError::Timeout { .. } | DeviceError::Connect { .. } => {
+                            unavailable(format!("{msg}; try again later"))
+                        }
+                        _ => Failure::new(FailureKind::Failed, code::INTERNAL, msg),
+                    }
+                })?;
+            self.devices = Some(found);
+        }
+        Ok(self.devices.as_mut().and_then(|d| d.take(resource)))
+    }
 }
 
 fn unavailable(msg: impl Into<String>) -> Failure {
@@ -94,18 +140,30 @@ impl Networks {
         let marks = routes_in_pod::plan(&requests)
             .map_err(|e| bad_config(format!("pod {}/{}: {e}", pod_ref.namespace, pod_ref.name)))?;
         let display: Vec<String> = networks.iter().map(|n| n.display_name.clone()).collect();
+        let copies: Vec<(PathBuf, PathBuf)> = networks
+            .iter()
+            .filter_map(|n| n.copy_device_info.clone())
+            .collect();
+        if !copies.is_empty() {
+            copy_device_info(copies).await;
+        }
+        let info_files: Vec<Option<PathBuf>> = networks
+            .iter()
+            .map(|n| device_info_file(k.source.device_info_dir(), &n.planned))
+            .collect();
         let planned: Vec<Planned> = networks.into_iter().map(|n| n.planned).collect();
         let added = self
             .engine
             .add_networks(inv, cap_args, planned)
             .await
             .map_err(failure)?;
+        let device_info = load_device_info(info_files).await;
         if let Some(marks) = marks {
             set_default_routes(inv, &marks, &added).await?;
         }
         let mut entries = Vec::new();
-        for (a, name) in added.iter().zip(&display) {
-            match status::entries_from_value(name, &a.result, a.primary, None) {
+        for ((a, name), info) in added.iter().zip(&display).zip(&device_info) {
+            match status::entries_from_value(name, &a.result, a.primary, info.as_ref()) {
                 Ok(e) => entries.extend(e),
                 Err(e) => {
                     tracing::warn!(network = %name, cause = %e, "a result cannot be shown in network-status")
@@ -189,28 +247,32 @@ impl Networks {
         let selected = selection::select(&for_pod, &inv.ifname, &elements)
             .map_err(|e| bad_config(e.to_string()))?;
         let defaults = for_pod.default_networks.len();
+        let mut devices = PodDevices { pod, devices: None };
+        let info_dir = k.source.device_info_dir();
         let mut out = Vec::with_capacity(selected.len());
         for (i, s) in selected.into_iter().enumerate() {
             let network = if let Some(sel) = default_network.as_ref().filter(|_| i == 0) {
                 // Replaces the cluster network; not subject to isolation.
-                let (list, display_name) = self.nad_network(k, sel).await?;
-                let mut planned = Planned::new(list, s.ifname, true);
+                let n = self.nad_network(k, sel, &mut devices).await?;
+                let mut planned = Planned::new(n.list, s.ifname, true);
                 planned.cni_args = Some(args_for(Vec::new()));
                 PodNetwork {
                     planned,
-                    display_name,
+                    display_name: n.display_name,
                     default_route: sel.default_route.clone(),
+                    copy_device_info: None,
                 }
             } else if i <= defaults {
                 // clusterNetwork and defaultNetworks: a NAD of that name
                 // in multusNamespace, else a network in confDir (or a path).
-                let (list, display_name) = self.configured_network(k, &s.network).await?;
-                let mut planned = Planned::new(list, s.ifname, s.primary);
+                let n = self.configured_network(k, &s.network, &mut devices).await?;
+                let mut planned = Planned::new(n.list, s.ifname, s.primary);
                 planned.cni_args = Some(args_for(Vec::new()));
                 PodNetwork {
                     planned,
-                    display_name,
+                    display_name: n.display_name,
                     default_route: None,
+                    copy_device_info: None,
                 }
             } else {
                 let sel = &requested[i - 1 - defaults];
@@ -221,23 +283,32 @@ impl Networks {
                     &cfg.global_namespaces,
                 )
                 .map_err(|e| bad_config(e.to_string()))?;
-                let (list, display_name) = self.nad_network(k, sel).await?;
-                let mut planned = Planned::new(list, s.ifname, false);
+                let n = self.nad_network(k, sel, &mut devices).await?;
+                let mut planned = Planned::new(n.list, s.ifname, false);
                 planned.cni_args = Some(args_for(multus::legacy_cni_args(sel)));
-                planned.capability_args = Some(multus::runtime_config(
+                let rc = multus::runtime_config(
                     sel,
                     cap_args,
                     multus::RuntimeInherit::Multus,
                     &multus::AttachmentFacts {
                         container_id: &inv.container_id,
                         ifname: &planned.ifname,
-                        allocated_device: None,
+                        allocated_device: n.device.as_ref().map(|(_, id)| id.as_str()),
+                        device_info_dir: info_dir,
                     },
-                ));
+                );
+                // As multus: a device the resource gave has the device
+                // plugin's device-info file copied to the network's.
+                let copy_device_info = n.device.as_ref().and_then(|(resource, id)| {
+                    let to = rc.get("CNIDeviceInfoFile")?.as_str()?;
+                    Some((devices::dp_file(info_dir, resource, id), PathBuf::from(to)))
+                });
+                planned.capability_args = Some(rc);
                 PodNetwork {
                     planned,
-                    display_name,
+                    display_name: n.display_name,
                     default_route: sel.default_route.clone(),
+                    copy_device_info,
                 }
             };
             out.push(network);
@@ -251,7 +322,8 @@ impl Networks {
         &self,
         k: &Kubernetes,
         sel: &multus::Selection,
-    ) -> Result<(NetworkList, String), Failure> {
+        devices: &mut PodDevices<'_>,
+    ) -> Result<NadNetwork, Failure> {
         let Some(found) = k.source.nad(&sel.namespace, &sel.name) else {
             return Err(bad_config(
                 nad::NadError::NotFound {
@@ -282,10 +354,24 @@ impl Networks {
             }),
         })
         .map_err(|e| bad_config(e.to_string()))?;
+        let mut delegate = delegate;
+        // As multus: each NAD naming a resource takes the pod's next
+        // device of it, in network order; none left, none given.
+        let mut device = None;
+        if let Some(resource) = found.resource_name().filter(|r| !r.is_empty()) {
+            if let Some(id) = devices.take(k, resource).await? {
+                delegate.inject_device_id(&id);
+                device = Some((resource.to_string(), id));
+            }
+        }
         let list = delegate
             .network_list()
             .map_err(|e| bad_config(format!("{}: {e}", delegate.display_name)))?;
-        Ok((list, delegate.display_name))
+        Ok(NadNetwork {
+            list,
+            display_name: delegate.display_name,
+            device,
+        })
     }
 
     /// clusterNetwork or a defaultNetworks entry: a NAD of that name in
@@ -294,7 +380,8 @@ impl Networks {
         &self,
         k: &Kubernetes,
         name: &str,
-    ) -> Result<(NetworkList, String), Failure> {
+        devices: &mut PodDevices<'_>,
+    ) -> Result<NadNetwork, Failure> {
         let ns = &self.selection.multus_namespace;
         if !name.contains('/') && k.source.nad(ns, name).is_some() {
             let sel = multus::Selection {
@@ -302,12 +389,62 @@ impl Networks {
                 namespace: ns.clone(),
                 ..Default::default()
             };
-            return self.nad_network(k, &sel).await;
+            return self.nad_network(k, &sel, devices).await;
         }
         let list = self.engine.load(name).await.map_err(failure)?;
-        let display = list.name.clone();
-        Ok((list, display))
+        let display_name = list.name.clone();
+        Ok(NadNetwork {
+            list,
+            display_name,
+            device: None,
+        })
     }
+}
+
+/// A network's device-info file, when its capability arguments name one
+/// in the device-info directory.
+fn device_info_file(dir: &std::path::Path, planned: &Planned) -> Option<PathBuf> {
+    let file = planned
+        .capability_args
+        .as_ref()?
+        .get("CNIDeviceInfoFile")?
+        .as_str()?;
+    let path = PathBuf::from(file);
+    devices::is_cni_file(dir, &path).then_some(path)
+}
+
+/// Copies device plugins' device-info files to the networks' (before the
+/// plugins run). As multus, a failure is only logged: the plugin may
+/// write the file itself.
+async fn copy_device_info(copies: Vec<(PathBuf, PathBuf)>) {
+    let done = tokio::task::spawn_blocking(move || {
+        for (from, to) in copies {
+            if let Err(e) = devices::copy_from_dp(&from, &to) {
+                tracing::warn!(from = %from.display(), to = %to.display(), cause = %e, "cannot copy a device plugin's device-info file");
+            }
+        }
+    })
+    .await;
+    if let Err(e) = done {
+        tracing::warn!(cause = %e, "copying device-info files failed");
+    }
+}
+
+/// The networks' device-info, read after the plugins ran (a plugin may
+/// have written or completed the file).
+async fn load_device_info(files: Vec<Option<PathBuf>>) -> Vec<Option<status::DeviceInfo>> {
+    let n = files.len();
+    if files.iter().all(Option::is_none) {
+        return vec![None; n];
+    }
+    tokio::task::spawn_blocking(move || {
+        files
+            .iter()
+            .map(|f| f.as_deref().and_then(devices::load))
+            .collect()
+    })
+    .await
+    .unwrap_or_else(|_| vec![None; n])
 }
 
 /// multus's `default-route` handling after a pod's networks were attached

@@ -18,6 +18,7 @@
 //!   one GET, bounded by `requestTimeout`, never a failure for a slow cache.
 //! - Nothing here is needed for DEL: DEL runs from the attachment records.
 
+pub mod devices;
 mod nad;
 mod pod;
 pub mod status;
@@ -62,6 +63,10 @@ pub struct Config {
     /// Bound of each single request (the pod GET, the status patch) and
     /// of connecting.
     pub request_timeout: Duration,
+    /// Where the devices of NADs with a `resourceName` are looked up.
+    pub devices: devices::DeviceSource,
+    /// The device-info directory (`dp/` and `cni/` under it).
+    pub device_info_dir: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -260,6 +265,16 @@ impl Source {
             nads_synced,
             stop,
         })
+    }
+
+    /// Where the kubelet's device data is read.
+    pub fn devices(&self) -> &devices::DeviceSource {
+        &self.config.devices
+    }
+
+    /// The device-info directory.
+    pub fn device_info_dir(&self) -> &std::path::Path {
+        &self.config.device_info_dir
     }
 
     /// Both caches have listed once.

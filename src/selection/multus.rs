@@ -40,10 +40,6 @@ const MAX_OBJECT_NAME: usize = 253;
 /// Longest namespace name (DNS-1123 label).
 const MAX_NAMESPACE: usize = 63;
 
-/// Where the device information file of a network with a device ID goes
-/// (the network-attachment-definition client's fixed directory).
-pub const DEVICE_INFO_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/cni";
-
 /// One `portMappings` entry of a selection element.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortMapping {
@@ -825,6 +821,9 @@ pub struct AttachmentFacts<'a> {
     /// A device the NAD's `resourceName` allocated, if any: it wins over
     /// the element's `deviceID`.
     pub allocated_device: Option<&'a str>,
+    /// The device-info directory (multus's is fixed:
+    /// [`crate::k8s::devices::DEFAULT_DEVICE_INFO_DIR`]).
+    pub device_info_dir: &'a std::path::Path,
 }
 
 /// The `runtimeConfig` capability arguments for an additional network
@@ -832,7 +831,7 @@ pub struct AttachmentFacts<'a> {
 /// known values per `inherit`, overridden by the element's `portMappings`,
 /// `bandwidth`, `ips`, `mac`, `infiniband-guid` and device ID. With a device
 /// ID, `CNIDeviceInfoFile` is
-/// `/var/run/k8s.cni.cncf.io/devinfo/cni/<namespace>-<name>-<containerID>_<ifname>`
+/// `<device-info dir>/cni/<namespace>-<name>-<containerID>_<ifname>`
 /// (every `/` of the file name turned into `-`). Keys are emitted only when
 /// non-empty.
 pub fn runtime_config(
@@ -870,16 +869,15 @@ pub fn runtime_config(
     let device = facts.allocated_device.or(sel.device_id.as_deref());
     if let Some(id) = device.filter(|d| !d.is_empty()) {
         rc.insert("deviceID".into(), id.into());
-        let file = format!(
-            "{}-{}_{}",
-            sel.display_name(),
+        let file = crate::k8s::devices::cni_file(
+            facts.device_info_dir,
+            &sel.display_name(),
             facts.container_id,
-            facts.ifname
-        )
-        .replace('/', "-");
+            facts.ifname,
+        );
         rc.insert(
             "CNIDeviceInfoFile".into(),
-            format!("{DEVICE_INFO_DIR}/{file}").into(),
+            file.to_string_lossy().into_owned().into(),
         );
     }
     rc.retain(|_, v| !is_empty_value(v));
@@ -1224,6 +1222,7 @@ mod tests {
             container_id: "abc123",
             ifname: "net1",
             allocated_device: device,
+            device_info_dir: std::path::Path::new(crate::k8s::devices::DEFAULT_DEVICE_INFO_DIR),
         }
     }
 

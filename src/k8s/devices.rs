@@ -1,0 +1,544 @@
+//! Devices the kubelet gave a pod (SR-IOV functions and the like, from
+//! device plugins), for NetworkAttachmentDefinitions that carry the
+//! `k8s.v1.cni.cncf.io/resourceName` annotation, and the device-info files
+//! of the network plumbing specification.
+//!
+//! As multus: the kubelet's pod-resources API (gRPC `List` on its unix
+//! socket, 16 MiB messages) when the socket exists, else the device
+//! manager's checkpoint file. Asked at most once per ADD, and only when a
+//! network of the pod names a resource. Each such network takes the next
+//! unused device of its resource, in network order; the device IDs of a
+//! resource are sorted first, so the same pod always gets the same
+//! assignment.
+//!
+//! The gRPC call is made with hyper's HTTP/2 client and the few protobuf
+//! messages it needs, declared here (unknown fields are skipped, so newer
+//! kubelets answer just as well).
+
+use std::collections::BTreeMap;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::Deserialize;
+
+use super::status::DeviceInfo;
+
+/// The kubelet's pod-resources socket.
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+/// The kubelet device manager's checkpoint, read when the socket is absent.
+pub const DEFAULT_CHECKPOINT_FILE: &str =
+    "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+/// Where device plugins (`dp/`) and CNI plugins (`cni/`) keep device-info
+/// files.
+pub const DEFAULT_DEVICE_INFO_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo";
+/// The gRPC method that lists every pod's resources.
+const LIST_PATH: &str = "/v1.PodResourcesLister/List";
+/// The largest answer taken from the kubelet (as multus).
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// The largest checkpoint file read.
+const MAX_CHECKPOINT_BYTES: u64 = 64 << 20;
+/// The largest device-info file read or copied.
+const MAX_DEVICE_INFO_BYTES: u64 = 1 << 20;
+
+/// Where the kubelet's device data comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSource {
+    /// The pod-resources socket; used when it exists.
+    pub socket: PathBuf,
+    /// The checkpoint file, used otherwise.
+    pub checkpoint: PathBuf,
+    /// Bound of the whole gRPC exchange (connect, ask, read).
+    pub timeout: Duration,
+}
+
+impl Default for DeviceSource {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from(DEFAULT_POD_RESOURCES_SOCKET),
+            checkpoint: PathBuf::from(DEFAULT_CHECKPOINT_FILE),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("cannot connect to the kubelet's pod-resources socket {}", .socket.display())]
+    Connect {
+        socket: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the kubelet's pod-resources API ({}) failed: {why}", .socket.display())]
+    Api { socket: PathBuf, why: String },
+    #[error("the kubelet's pod-resources API ({}) did not answer within {}", .socket.display(), crate::duration::format(*.after))]
+    Timeout { socket: PathBuf, after: Duration },
+    #[error("cannot read the kubelet's device checkpoint {}: {why}", .file.display())]
+    Checkpoint { file: PathBuf, why: String },
+}
+
+/// The pod-resources v1 messages Plexus reads (kubelet's
+/// `podresources/v1/api.proto`); other fields are skipped.
+pub mod proto {
+    /// `ListPodResourcesResponse`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ListPodResourcesResponse {
+        #[prost(message, repeated, tag = "1")]
+        pub pod_resources: Vec<PodResources>,
+    }
+
+    /// `PodResources`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PodResources {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(string, tag = "2")]
+        pub namespace: String,
+        #[prost(message, repeated, tag = "3")]
+        pub containers: Vec<ContainerResources>,
+    }
+
+    /// `ContainerResources`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ContainerResources {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(message, repeated, tag = "2")]
+        pub devices: Vec<ContainerDevices>,
+    }
+
+    /// `ContainerDevices`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ContainerDevices {
+        #[prost(string, tag = "1")]
+        pub resource_name: String,
+        #[prost(string, repeated, tag = "2")]
+        pub device_ids: Vec<String>,
+    }
+}
+
+/// A pod's devices by resource name, handed out one at a time.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Devices {
+    by_resource: BTreeMap<String, (Vec<String>, usize)>,
+}
+
+impl Devices {
+    /// From resource name → device IDs; each list is sorted.
+    pub fn new(map: BTreeMap<String, Vec<String>>) -> Self {
+        Self {
+            by_resource: map
+                .into_iter()
+                .map(|(k, mut ids)| {
+                    ids.sort();
+                    (k, (ids, 0))
+                })
+                .collect(),
+        }
+    }
+
+    /// The next unused device of `resource`; `None` when the pod has none
+    /// left (as multus, the network then runs without a device ID).
+    pub fn take(&mut self, resource: &str) -> Option<String> {
+        let (ids, next) = self.by_resource.get_mut(resource)?;
+        let id = ids.get(*next)?.clone();
+        *next += 1;
+        Some(id)
+    }
+}
+
+impl DeviceSource {
+    /// The devices of pod `namespace/name` (uid `uid`): from the
+    /// pod-resources API when its socket exists (matched by namespace and
+    /// name, as the API reports pods), else from the checkpoint (matched
+    /// by uid).
+    pub async fn pod_devices(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Devices, DeviceError> {
+        if tokio::fs::metadata(&self.socket).await.is_ok() {
+            let answer = tokio::time::timeout(self.timeout, self.list())
+                .await
+                .map_err(|_| DeviceError::Timeout {
+                    socket: self.socket.clone(),
+                    after: self.timeout,
+                })??;
+            return Ok(Devices::new(from_pod_resources(&answer, namespace, name)));
+        }
+        let file = self.checkpoint.clone();
+        let uid = uid.to_string();
+        let read = tokio::task::spawn_blocking(move || {
+            read_bounded(&file, MAX_CHECKPOINT_BYTES)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| from_checkpoint(&bytes, &uid))
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        read.map(Devices::new)
+            .map_err(|why| DeviceError::Checkpoint {
+                file: self.checkpoint.clone(),
+                why,
+            })
+    }
+
+    /// One gRPC `List` call.
+    async fn list(&self) -> Result<proto::ListPodResourcesResponse, DeviceError> {
+        let api = |why: String| DeviceError::Api {
+            socket: self.socket.clone(),
+            why,
+        };
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|source| DeviceError::Connect {
+                socket: self.socket.clone(),
+                source,
+            })?;
+        let (mut sender, connection) =
+            hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+                .handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+                .await
+                .map_err(|e| api(format!("HTTP/2 handshake: {e}")))?;
+        // The connection ends when `sender` is dropped.
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(cause = %e, "pod-resources connection ended");
+            }
+        });
+        // An empty ListPodResourcesRequest: uncompressed, length 0.
+        let request = hyper::Request::post(format!("http://localhost{LIST_PATH}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+            .map_err(|e| api(e.to_string()))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| api(format!("request: {e}")))?;
+        if response.status() != hyper::StatusCode::OK {
+            return Err(api(format!("HTTP status {}", response.status())));
+        }
+        // A failure may come as headers alone ("trailers-only").
+        if let Some(e) = grpc_failure(response.headers()) {
+            return Err(api(e));
+        }
+        let body = Limited::new(response.into_body(), MAX_MESSAGE_BYTES + 5)
+            .collect()
+            .await
+            .map_err(|e| api(format!("reading the answer: {e}")))?;
+        if let Some(e) = body.trailers().and_then(grpc_failure) {
+            return Err(api(e));
+        }
+        let mut bytes = body.to_bytes();
+        if bytes.len() < 5 {
+            return Err(api("the answer holds no message".into()));
+        }
+        if bytes[0] != 0 {
+            return Err(api(
+                "the answer is compressed, which was not asked for".into()
+            ));
+        }
+        bytes.advance(1);
+        let len = bytes.get_u32() as usize;
+        if len > bytes.len() {
+            return Err(api(format!(
+                "the message says {len} bytes but {} came",
+                bytes.len()
+            )));
+        }
+        <proto::ListPodResourcesResponse as prost::Message>::decode(bytes.slice(..len))
+            .map_err(|e| api(format!("cannot decode the answer: {e}")))
+    }
+}
+
+/// A non-zero `grpc-status` with its message.
+fn grpc_failure(headers: &hyper::HeaderMap) -> Option<String> {
+    let status = headers.get("grpc-status")?.to_str().ok()?.trim();
+    if status == "0" {
+        return None;
+    }
+    let message = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .unwrap_or("");
+    Some(format!("gRPC status {status}: {message}"))
+}
+
+/// The devices of `namespace/name` in a pod-resources answer, by resource.
+pub fn from_pod_resources(
+    answer: &proto::ListPodResourcesResponse,
+    namespace: &str,
+    name: &str,
+) -> BTreeMap<String, Vec<String>> {
+    let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pod in answer
+        .pod_resources
+        .iter()
+        .filter(|p| p.namespace == namespace && p.name == name)
+    {
+        for device in pod.containers.iter().flat_map(|c| &c.devices) {
+            map.entry(device.resource_name.clone())
+                .or_default()
+                .extend(device.device_ids.iter().cloned());
+        }
+    }
+    map
+}
+
+#[derive(Deserialize)]
+struct CheckpointFile {
+    #[serde(rename = "Data")]
+    data: CheckpointData,
+}
+
+#[derive(Deserialize)]
+struct CheckpointData {
+    #[serde(rename = "PodDeviceEntries", default)]
+    entries: Option<Vec<CheckpointEntry>>,
+}
+
+#[derive(Deserialize)]
+struct CheckpointEntry {
+    #[serde(rename = "PodUID", default)]
+    pod_uid: String,
+    #[serde(rename = "ResourceName", default)]
+    resource_name: String,
+    /// NUMA node → device IDs.
+    #[serde(rename = "DeviceIDs", default)]
+    device_ids: Option<BTreeMap<String, Option<Vec<String>>>>,
+}
+
+/// The devices of pod `uid` in the kubelet's checkpoint, by resource.
+pub fn from_checkpoint(bytes: &[u8], uid: &str) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let file: CheckpointFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for entry in file
+        .data
+        .entries
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.pod_uid == uid)
+    {
+        let ids = map.entry(entry.resource_name).or_default();
+        for per_node in entry.device_ids.unwrap_or_default().into_values() {
+            ids.extend(per_node.unwrap_or_default());
+        }
+    }
+    Ok(map)
+}
+
+/// Reads at most `max` bytes of a regular file (not through a symlink).
+fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A file name as multus builds it: every `/` turned into `-`.
+fn file_name(name: String) -> String {
+    name.replace('/', "-")
+}
+
+/// The device-info file a network's plugin may write (the
+/// `CNIDeviceInfoFile` capability argument):
+/// `<dir>/cni/<network>-<containerID>_<ifname>`.
+pub fn cni_file(dir: &Path, network: &str, container_id: &str, ifname: &str) -> PathBuf {
+    dir.join("cni")
+        .join(file_name(format!("{network}-{container_id}_{ifname}")))
+}
+
+/// The device-info file a device plugin wrote for a device:
+/// `<dir>/dp/<resourceName>-<deviceID>-device.json`.
+pub fn dp_file(dir: &Path, resource: &str, device_id: &str) -> PathBuf {
+    dir.join("dp")
+        .join(file_name(format!("{resource}-{device_id}-device.json")))
+}
+
+/// Whether `path` is a file directly in `<dir>/cni/` (the only files
+/// Plexus writes or removes there).
+pub fn is_cni_file(dir: &Path, path: &Path) -> bool {
+    let cni = dir.join("cni");
+    path.parent() == Some(cni.as_path())
+        && path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| !n.is_empty() && n != "." && n != "..")
+}
+
+/// Before a network's plugin runs: copies the device plugin's file for
+/// the device, if there is one, to the network's device-info file (as
+/// multus). `Ok(false)`: there was none. Blocking.
+pub fn copy_from_dp(dp: &Path, cni: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let bytes = match read_bounded(dp, MAX_DEVICE_INFO_BYTES) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if let Some(parent) = cni.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    // Written beside and renamed over: a reader never sees half a file,
+    // and a link planted at the name is replaced, never followed.
+    let tmp = cni.with_file_name(format!(
+        ".{}.tmp",
+        cni.file_name().and_then(|n| n.to_str()).unwrap_or("device")
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    std::io::Write::write_all(&mut f, &bytes)?;
+    drop(f);
+    std::fs::rename(&tmp, cni)?;
+    Ok(true)
+}
+
+/// After a network's plugin ran: the device-info file's content, if it
+/// has one that reads as device information. Blocking.
+pub fn load(cni: &Path) -> Option<DeviceInfo> {
+    let bytes = match read_bounded(cni, MAX_DEVICE_INFO_BYTES) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(file = %cni.display(), cause = %e, "cannot read a device-info file");
+            return None;
+        }
+    };
+    match serde_json::from_slice(&bytes) {
+        Ok(info) => Some(info),
+        Err(e) => {
+            tracing::warn!(file = %cni.display(), cause = %e, "a device-info file is not device information");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_should_be_sorted_and_handed_out_once() {
+        let mut d = Devices::new(BTreeMap::from([(
+            "intel.com/sriov".to_string(),
+            vec!["0000:03:00.2".to_string(), "0000:03:00.1".to_string()],
+        )]));
+        assert_eq!(d.take("intel.com/sriov").as_deref(), Some("0000:03:00.1"));
+        assert_eq!(d.take("intel.com/sriov").as_deref(), Some("0000:03:00.2"));
+        assert_eq!(d.take("intel.com/sriov"), None);
+        assert_eq!(d.take("other"), None);
+    }
+
+    #[test]
+    fn the_checkpoint_should_give_the_pods_devices_by_uid() {
+        let text = br#"{"Data":{"PodDeviceEntries":[
+            {"PodUID":"u1","ContainerName":"c","ResourceName":"r/a","DeviceIDs":{"0":["d2"],"1":["d1"]},"AllocResp":"eA=="},
+            {"PodUID":"u1","ContainerName":"c2","ResourceName":"r/a","DeviceIDs":{"-1":["d3"]},"AllocResp":null},
+            {"PodUID":"u2","ContainerName":"c","ResourceName":"r/a","DeviceIDs":{"0":["x"]}}
+          ],"RegisteredDevices":{"r/a":["d1","d2","d3","x"]}},"Checksum":1234}"#;
+        let map = from_checkpoint(text, "u1").unwrap();
+        let mut d = Devices::new(map);
+        assert_eq!(d.take("r/a").as_deref(), Some("d1"));
+        assert_eq!(d.take("r/a").as_deref(), Some("d2"));
+        assert_eq!(d.take("r/a").as_deref(), Some("d3"));
+        assert_eq!(d.take("r/a"), None);
+        assert!(
+            from_checkpoint(br#"{"Data":{"PodDeviceEntries":null}}"#, "u1")
+                .unwrap()
+                .is_empty()
+        );
+        assert!(from_checkpoint(b"{", "u1").is_err());
+    }
+
+    #[test]
+    fn pod_resources_should_be_matched_by_namespace_and_name() {
+        use proto::*;
+        let dev = |r: &str, ids: &[&str]| ContainerDevices {
+            resource_name: r.into(),
+            device_ids: ids.iter().map(|s| s.to_string()).collect(),
+        };
+        let answer = ListPodResourcesResponse {
+            pod_resources: vec![
+                PodResources {
+                    name: "p".into(),
+                    namespace: "ns".into(),
+                    containers: vec![
+                        ContainerResources {
+                            name: "a".into(),
+                            devices: vec![dev("r", &["2"])],
+                        },
+                        ContainerResources {
+                            name: "b".into(),
+                            devices: vec![dev("r", &["1"]), dev("s", &["9"])],
+                        },
+                    ],
+                },
+                PodResources {
+                    name: "p".into(),
+                    namespace: "other".into(),
+                    containers: vec![ContainerResources {
+                        name: "a".into(),
+                        devices: vec![dev("r", &["0"])],
+                    }],
+                },
+            ],
+        };
+        let map = from_pod_resources(&answer, "ns", "p");
+        assert_eq!(map["r"], ["2", "1"]);
+        assert_eq!(map["s"], ["9"]);
+        assert_eq!(map.len(), 2);
+    }
+
+    #[test]
+    fn file_names_should_be_multus_names() {
+        let dir = Path::new("/var/run/k8s.cni.cncf.io/devinfo");
+        assert_eq!(
+            cni_file(dir, "default/sriov-net", "3f8a", "net1"),
+            Path::new("/var/run/k8s.cni.cncf.io/devinfo/cni/default-sriov-net-3f8a_net1")
+        );
+        assert_eq!(
+            dp_file(dir, "intel.com/sriov_a", "0000:03:00.1"),
+            Path::new(
+                "/var/run/k8s.cni.cncf.io/devinfo/dp/intel.com-sriov_a-0000:03:00.1-device.json"
+            )
+        );
+        assert!(is_cni_file(dir, &cni_file(dir, "a/b", "c", "d")));
+        assert!(!is_cni_file(dir, Path::new("/etc/passwd")));
+        assert!(!is_cni_file(
+            dir,
+            Path::new("/var/run/k8s.cni.cncf.io/devinfo/cni/../x")
+        ));
+        assert!(!is_cni_file(
+            dir,
+            Path::new("/var/run/k8s.cni.cncf.io/devinfo/cni")
+        ));
+    }
+}

@@ -269,6 +269,30 @@ impl Config {
         if cluster_network.is_none() && !default_networks.is_empty() {
             f.problem("defaultNetworks", "needs clusterNetwork to be set as well");
         }
+        let auxiliary_chain = f.string("auxiliaryCNIChainName").filter(|s| !s.is_empty());
+        if let Some(name) = &auxiliary_chain {
+            let valid = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphanumeric())
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+            if !valid {
+                f.problem(
+                    "auxiliaryCNIChainName",
+                    format!("{name:?} cannot name a plugin directory"),
+                );
+            }
+            // multus fails every ADD for this; here it is found at start.
+            if !cluster_network.as_deref().is_some_and(|c| c.contains('/')) {
+                f.problem(
+                    "auxiliaryCNIChainName",
+                    "needs clusterNetwork to be a path (the chain's plugins are in \
+                     <directory of clusterNetwork>/<auxiliaryCNIChainName>/*.conf)",
+                );
+            }
+        }
         // multus's cache directory: only its type is checked (Plexus keeps
         // its own records in stateDir).
         f.string("cniDir");
@@ -360,6 +384,7 @@ impl Config {
                 system_namespaces,
                 namespace_isolation,
                 global_namespaces,
+                auxiliary_chain,
             }),
             kubernetes: k8s::Config {
                 kubeconfig,
@@ -683,6 +708,28 @@ mod tests {
         .unwrap_err();
         let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(keys, ["kubeconfig", "nodeName", "kubernetesRequestTimeout"]);
+    }
+
+    #[test]
+    fn the_auxiliary_chain_should_need_a_cluster_network_path_and_a_plain_name() {
+        let c = parse(
+            r#"{"clusterNetwork": "/etc/cni/net.d/10-flannel.conflist", "auxiliaryCNIChainName": "aux-1"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.selection.unwrap().auxiliary_chain.as_deref(),
+            Some("aux-1")
+        );
+        for bad in [
+            r#"{"clusterNetwork": "flannel", "auxiliaryCNIChainName": "aux"}"#,
+            r#"{"auxiliaryCNIChainName": "aux"}"#,
+            r#"{"clusterNetwork": "/etc/cni/net.d/a.conf", "auxiliaryCNIChainName": "../aux"}"#,
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.problems[0].key, "auxiliaryCNIChainName", "{bad}");
+        }
+        let c = parse(r#"{"clusterNetwork": "flannel", "auxiliaryCNIChainName": ""}"#).unwrap();
+        assert_eq!(c.selection.unwrap().auxiliary_chain, None);
     }
 
     #[test]

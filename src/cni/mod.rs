@@ -428,6 +428,24 @@ impl Engine {
             .map_err(Error::config)
     }
 
+    /// multus's auxiliary chain `name` next to `cluster_network` (see
+    /// [`confdir::aux_chain`]); `None` when it has no plugins.
+    pub async fn aux_chain(
+        &self,
+        cluster_network: &str,
+        name: &str,
+        cni_version: &str,
+    ) -> Result<Option<NetworkList>, Error> {
+        let (c, n, v) = (
+            cluster_network.to_string(),
+            name.to_string(),
+            cni_version.to_string(),
+        );
+        blocking(move || confdir::aux_chain(&c, &n, &v))
+            .await?
+            .map_err(Error::config)
+    }
+
     /// Takes everything an operation on container `id` holds (see
     /// [`OpLock`]), then kills the plugin groups an earlier daemon left
     /// running for it, so none of them can act after this operation's

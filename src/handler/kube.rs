@@ -105,8 +105,9 @@ impl Networks {
         k: &Kubernetes,
         inv: &Invocation,
         pod_ref: &PodRef,
-        cap_args: Map<String, Value>,
+        config: &Map<String, Value>,
     ) -> Result<Reply, Failure> {
+        let cap_args = super::capability_args(config);
         if !k.source.synced() {
             return Err(unavailable(
                 "the Kubernetes caches (pods, NetworkAttachmentDefinitions) have not synced \
@@ -131,7 +132,20 @@ impl Networks {
             }
             Err(e) => return Err(api_failure(pod_ref, e)),
         };
-        let networks = self.pod_networks(k, inv, pod_ref, &pod, &cap_args).await?;
+        let mut networks = self.pod_networks(k, inv, pod_ref, &pod, &cap_args).await?;
+        if let Some(mut aux) = self
+            .aux_network(config, networks.len())
+            .await
+            .map_err(failure)?
+        {
+            aux.cni_args = networks.first().and_then(|n| n.planned.cni_args.clone());
+            networks.push(PodNetwork {
+                display_name: aux.list.name.clone(),
+                planned: aux,
+                default_route: None,
+                copy_device_info: None,
+            });
+        }
         // Before anything runs: an ECMP request fails the ADD.
         let requests: Vec<Option<&[IpAddr]>> = networks
             .iter()

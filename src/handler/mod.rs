@@ -190,10 +190,7 @@ impl Networks {
                     )
                 })?;
                 match (&self.kubernetes, pod) {
-                    (Some(k), Some(pod)) => {
-                        self.add_for_pod(k, &inv, &pod, capability_args(&config))
-                            .await
-                    }
+                    (Some(k), Some(pod)) => self.add_for_pod(k, &inv, &pod, &config).await,
                     // Not a pod: the static networks.
                     _ => self.add_static(&inv, &config, &requested).await,
                 }
@@ -203,7 +200,7 @@ impl Networks {
                 let cap_args = capability_args(&config);
                 // Called only when the container's record was damaged:
                 // the networks a runtime without records would DEL.
-                let configured = || self.plan(&inv.ifname, &requested);
+                let configured = || self.plan(&inv.ifname, &requested, &config);
                 self.engine
                     .del(&inv, cap_args, configured)
                     .await
@@ -244,7 +241,10 @@ impl Networks {
         config: &Map<String, Value>,
         requested: &[selection::Element],
     ) -> Result<Reply, Failure> {
-        let planned = self.plan(&inv.ifname, requested).await.map_err(failure)?;
+        let planned = self
+            .plan(&inv.ifname, requested, config)
+            .await
+            .map_err(failure)?;
         let res = self
             .engine
             .add(inv, capability_args(config), planned)
@@ -264,6 +264,7 @@ impl Networks {
         &self,
         ifname: &str,
         requested: &[selection::Element],
+        config: &Map<String, Value>,
     ) -> Result<Vec<Planned>, cni::Error> {
         let selected = selection::select(&self.selection, ifname, requested).map_err(|e| {
             cni::Error::new(
@@ -280,7 +281,33 @@ impl Networks {
                 s.primary,
             ));
         }
+        if let Some(aux) = self.aux_network(config, planned.len()).await? {
+            planned.push(aux);
+        }
         Ok(planned)
+    }
+
+    /// multus's auxiliary CNI chain as the last network of an ADD, when
+    /// one is configured and has plugins: interface `net<position>`, the
+    /// call's `cniVersion`, the call's capability arguments, no
+    /// network-status entry (passthru shows no interface).
+    async fn aux_network(
+        &self,
+        config: &Map<String, Value>,
+        position: usize,
+    ) -> Result<Option<Planned>, cni::Error> {
+        let Some(name) = &self.selection.auxiliary_chain else {
+            return Ok(None);
+        };
+        let version = config
+            .get("cniVersion")
+            .and_then(Value::as_str)
+            .unwrap_or(result::LATEST);
+        let list = self
+            .engine
+            .aux_chain(&self.selection.cluster_network, name, version)
+            .await?;
+        Ok(list.map(|l| Planned::new(l, format!("net{position}"), false)))
     }
 
     async fn cluster(&self) -> Result<cni::types::NetworkList, Failure> {

@@ -164,6 +164,9 @@ pub struct Config {
     /// `global_namespaces` (`namespaceIsolation`).
     pub namespace_isolation: bool,
     pub global_namespaces: Vec<String>,
+    /// multus's auxiliary CNI chain (`auxiliaryCNIChainName`), run after
+    /// every other network of an ADD; `cluster_network` is then a path.
+    pub auxiliary_chain: Option<String>,
 }
 
 /// multus's default `multusNamespace` and `systemNamespaces`.
@@ -179,6 +182,7 @@ impl Config {
             system_namespaces: vec![DEFAULT_MULTUS_NAMESPACE.into()],
             namespace_isolation: false,
             global_namespaces: nad::parse_global_namespaces(""),
+            auxiliary_chain: None,
         }
     }
 }

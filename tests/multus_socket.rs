@@ -241,7 +241,8 @@ fn multus_shim_requests_on_the_multus_socket_should_get_multus_answers_from_one_
     );
 
     // The other socket reaches the same process, which holds both.
-    let r = http::request(&plexus_sock, "GET", "/healthz", b"").unwrap();
+    let r = http::request(&plexus_sock, "GET", "/healthz", b"")
+        .unwrap_or_else(|e| panic!("plexus.sock of the same service: {e}"));
     assert_eq!(r.status, 200);
     assert_eq!(
         m.show(SERVICE_UNIT, "MainPID"),

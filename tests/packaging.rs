@@ -446,6 +446,15 @@ fn deb_maintainer_scripts_should_enable_the_socket_and_leave_the_service_to_acti
     );
     assert_eq!(m.show("plexusd.socket", "SubState"), "listening");
     assert_eq!(m.show("plexusd.service", "ActiveState"), "inactive");
+    // The optional units are shipped disabled: never named on install.
+    let calls = std::fs::read_to_string(tools.join("calls")).unwrap_or_default();
+    for unit in [
+        "plexusd-multus.socket",
+        "plexus-config.path",
+        "plexus-config.service",
+    ] {
+        assert!(!calls.contains(unit), "postinst touched {unit}:\n{calls}");
+    }
     let inode = std::fs::metadata(&sock).unwrap().ino();
     let r = support::http::request(&sock, "GET", "/healthz", b"").unwrap();
     assert_eq!(r.status, 200);

@@ -262,7 +262,7 @@ impl Settings {
                 ))
             }
         };
-        let readiness_file = string("readinessindicatorfile")?.map(PathBuf::from);
+        let readiness_file = string("readinessindicatorfile")?.map(|p| resolve(file, &p));
         let mut copied = Map::new();
         for &(key, kind) in COPIED {
             let Some(v) = obj.get(key) else { continue };

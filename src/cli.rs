@@ -31,6 +31,14 @@ pub enum Sub {
         /// The container id (CNI_CONTAINERID).
         container_id: Option<String>,
     },
+    /// Write the runtime's CNI configuration for plexus-shim
+    /// (<cniConfigDir>/00-plexus.conf) from the primary network
+    /// configuration in multusAutoconfigDir, as multus's auto configuration
+    /// does, and exit. The file is replaced atomically and only when its
+    /// content changes; when the primary is missing or cannot be read, the
+    /// last good file stays and the exit status is non-zero.
+    /// plexus-config.path runs it on every change of the directory.
+    GenerateConfig,
 }
 
 /// The clap command, for generators.

@@ -30,6 +30,7 @@
 //!   duration    "10s"-style durations
 //!   config      daemon-config.json -> validated per-module configs
 //!   cli         plexusd's command line
+//!   autoconf    `plexusd generate-config`: the runtime's CNI config for the shim
 //!   logging     log level, file and stderr
 //!   notify      sd_notify READY / STATUS / STOPPING / WATCHDOG
 //!   metrics     Prometheus registry and typed handles
@@ -49,6 +50,8 @@
 //! - `api`, `duration`, `logging`, `metrics`, `names`, `notify` and `trust`
 //!   depend on no other module; `result` only on `api` (the one table of CNI
 //!   error codes, which `cni`, `result`, `server` and `shim` share).
+//! - `autoconf` (the `generate-config` command) uses `result` and `trust`
+//!   only; the daemon never calls it.
 //! - `config` builds each module's settings from the file and depends on no
 //!   lifecycle module (`daemon`, `handler`, `notify`); `cli` only on
 //!   `config`.
@@ -59,6 +62,7 @@
 
 pub mod activation;
 pub mod api;
+pub mod autoconf;
 pub mod cli;
 pub mod cni;
 pub mod config;

@@ -77,6 +77,9 @@ const DEB_FILES: &[(&str, u32)] = &[
     ("/usr/lib/cni/plexus-shim", 0o755),
     ("/lib/systemd/system/plexusd.socket", 0o644),
     ("/lib/systemd/system/plexusd.service", 0o644),
+    ("/lib/systemd/system/plexusd-multus.socket", 0o644),
+    ("/lib/systemd/system/plexus-config.path", 0o644),
+    ("/lib/systemd/system/plexus-config.service", 0o644),
     ("/etc/plexus/daemon-config.json", 0o644),
     ("/usr/lib/tmpfiles.d/plexus.conf", 0o644),
     ("/usr/share/man/man8/plexusd.8.gz", 0o644),
@@ -262,6 +265,9 @@ fn rpm_should_list_the_fedora_layout() {
         "/usr/libexec/cni/plexus-shim",
         "/usr/lib/systemd/system/plexusd.service",
         "/usr/lib/systemd/system/plexusd.socket",
+        "/usr/lib/systemd/system/plexusd-multus.socket",
+        "/usr/lib/systemd/system/plexus-config.path",
+        "/usr/lib/systemd/system/plexus-config.service",
         "/usr/lib/tmpfiles.d/plexus.conf",
         "/usr/share/bash-completion/completions/plexusd",
         "/usr/share/doc/plexus/README.md",
@@ -440,6 +446,15 @@ fn deb_maintainer_scripts_should_enable_the_socket_and_leave_the_service_to_acti
     );
     assert_eq!(m.show("plexusd.socket", "SubState"), "listening");
     assert_eq!(m.show("plexusd.service", "ActiveState"), "inactive");
+    // The optional units are shipped disabled: never named on install.
+    let calls = std::fs::read_to_string(tools.join("calls")).unwrap_or_default();
+    for unit in [
+        "plexusd-multus.socket",
+        "plexus-config.path",
+        "plexus-config.service",
+    ] {
+        assert!(!calls.contains(unit), "postinst touched {unit}:\n{calls}");
+    }
     let inode = std::fs::metadata(&sock).unwrap().ino();
     let r = support::http::request(&sock, "GET", "/healthz", b"").unwrap();
     assert_eq!(r.status, 200);

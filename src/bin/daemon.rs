@@ -1,4 +1,4 @@
-//! `plexusd`: args -> config -> (`show`, `--check-config`, or
+//! `plexusd`: args -> config -> (`show`, `generate-config`, `--check-config`, or
 //! `daemon::main`, which wires and runs everything) -> exit code.
 
 use std::process::ExitCode;
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use plexus::cli::{Args, Sub};
 use plexus::daemon::{self, Exit};
-use plexus::{cni, config, names};
+use plexus::{autoconf, cni, config, names};
 
 /// EX_CONFIG: the configuration is wrong; systemd does not restart on it.
 const EXIT_CONFIG: u8 = 78;
@@ -23,8 +23,19 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    if let Some(Sub::Show { container_id }) = &args.command {
-        return show(&config, container_id.as_deref());
+    match &args.command {
+        Some(Sub::Show { container_id }) => return show(&config, container_id.as_deref()),
+        Some(Sub::GenerateConfig) => {
+            if config.selection.is_none() {
+                eprintln!(
+                    "plexusd: warning: {}: clusterNetwork is not set: plexusd serves the \
+                     networks of its own configuration, not the generated file's clusterNetwork",
+                    config.path.display()
+                );
+            }
+            return generate_config(&args.config, missing_ok);
+        }
+        None => {}
     }
     if args.check_config {
         for key in &config.unknown_keys {
@@ -109,6 +120,32 @@ fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
             } else {
                 ExitCode::SUCCESS
             }
+        }
+        Err(e) => {
+            eprintln!("plexusd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `plexusd generate-config`: one run of [`autoconf::generate`]; exit 78
+/// when the configuration is wrong, 1 when nothing could be generated.
+fn generate_config(path: &std::path::Path, missing_ok: bool) -> ExitCode {
+    let settings = match autoconf::Settings::load(path, missing_ok) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("plexusd: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match autoconf::generate(&settings) {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(e) if e.is_config() => {
+            eprintln!("plexusd: {e}");
+            ExitCode::from(EXIT_CONFIG)
         }
         Err(e) => {
             eprintln!("plexusd: {e}");

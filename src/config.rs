@@ -266,9 +266,11 @@ impl Config {
         if cluster_network.is_none() && !default_networks.is_empty() {
             f.problem("defaultNetworks", "needs clusterNetwork to be set as well");
         }
-        // multus's cache directory: only its type is checked (Plexus keeps
-        // its own records in stateDir).
-        f.string("cniDir");
+        // multus's cache directory: read (and cleaned) for the containers
+        // multus attached; plexusd keeps its own records in stateDir.
+        let cni_dir = f
+            .path("cniDir")
+            .unwrap_or_else(|| PathBuf::from(cni::multus_cache::DEFAULT_CNI_DIR));
         let multus_namespace = f
             .string("multusNamespace")
             .filter(|s| !s.is_empty())
@@ -339,6 +341,7 @@ impl Config {
                 conf_dir,
                 state_dir,
                 plugin_timeout,
+                cni_dir,
             },
             selection: cluster_network.map(|cluster_network| selection::Config {
                 cluster_network,
@@ -402,6 +405,9 @@ impl Config {
                 "stateDir",
                 trust::check_dir(&self.cni.state_dir.join("attachments")),
             );
+            // Its caches name the configurations DEL runs, and DEL removes
+            // and moves files there.
+            check("cniDir", trust::check_dir(&self.cni.cni_dir));
         }
         if let Some(file) = &self.logging.file {
             check("logFile", trust::check_file(file));

@@ -283,6 +283,7 @@ fn rig() -> Rig {
         conf_dir: dir.path().join("conf"),
         state_dir: dir.path().to_path_buf(),
         plugin_timeout: Duration::from_secs(5),
+        cni_dir: dir.path().join("multus"),
     };
     let (runner, started) = FakeRunner::new();
     let store = Arc::new(MemStore::default());

@@ -820,6 +820,37 @@ mod tests {
         assert_eq!(caches.containers().unwrap(), ["c1"]);
     }
 
+    /// The reference's example, as multus writes it: a conflist primary
+    /// and a NAD with an interface, MAC, IP and default-route request.
+    #[test]
+    fn the_reference_delegate_cache_should_be_read_as_multus_writes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join("c1"),
+            include_str!("../../tests/fixtures/multus-cache/delegates.json"),
+        )
+        .unwrap();
+        let d = Caches::new(dir.path()).load("c1").unwrap().unwrap();
+        assert_eq!(d.len(), 2);
+        let primary = d[0].list(None).unwrap();
+        assert_eq!((primary.name.as_str(), primary.plugins.len()), ("cbr0", 2));
+        assert_eq!(primary.plugin_type(1), "portmap");
+        // Plugin-specific keys that Conf/ConfList drop are in Bytes.
+        assert_eq!(primary.plugins[1]["snat"], true);
+        let nad = d[1].list(None).unwrap();
+        assert_eq!((nad.name.as_str(), nad.plugins.len()), ("sriov-net", 1));
+        assert_eq!(nad.plugins[0]["deviceID"], "0000:18:02.5");
+        assert_eq!(d[1].name, "default/sriov-net");
+        assert_eq!(
+            (d[0].ifname(0, "eth0"), d[1].ifname(1, "eth0")),
+            ("eth0".to_string(), "fast0".to_string())
+        );
+        assert_eq!(
+            Value::Object(d[1].capability_args(&Map::new())),
+            json!({"mac":"02:00:00:00:00:01","ips":["192.168.1.50/24"],"deviceID":"0000:18:02.5"})
+        );
+    }
+
     #[test]
     fn unusable_delegate_caches_should_be_damaged_and_left_alone() {
         let dir = tempfile::tempdir().unwrap();

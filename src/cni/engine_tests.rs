@@ -838,3 +838,68 @@ async fn a_networks_own_capability_arguments_should_reach_its_plugins_at_add_and
         );
     }
 }
+
+/// Writes multus's caches for container `id` attached to `list` (one
+/// delegate, on eth0, no namespace) as multus and libcni do, into the
+/// rig's cniDir.
+fn multus_attached(r: &Rig, id: &str, list: &NetworkList) {
+    use base64::Engine as _;
+    let dir = r._dir.path().join("multus");
+    std::fs::create_dir_all(dir.join("results")).unwrap();
+    let bytes = serde_json::to_vec(&list.to_value()).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    let delegates = json!([{"Conf": {"ipam": {}}, "ConfList": {"plugins": [{"type": "a"}]},
+                            "Name": list.name, "IsFilterV4Gateway": false,
+                            "IsFilterV6Gateway": false, "Bytes": b64}]);
+    std::fs::write(dir.join(id), serde_json::to_vec(&delegates).unwrap()).unwrap();
+    let cached = json!({"kind": "cniCacheV1", "containerId": id, "config": b64, "ifName": "eth0",
+                        "networkName": list.name, "cniArgs": [["IgnoreUnknown", "true"]],
+                        "result": {"cniVersion": "1.1.0", "interfaces": [{"name": format!("{id}-if")}]}});
+    std::fs::write(
+        dir.join("results").join(format!("{}-{id}-eth0", list.name)),
+        serde_json::to_vec(&cached).unwrap(),
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn gc_should_keep_what_multus_attached_for_valid_containers_and_del_the_rest() {
+    let r = rig();
+    let n = net("n", &["a"]);
+    multus_attached(&r, "m1", &n);
+    multus_attached(&r, "m2", &n);
+    add(&r.engine, "c1", "eth0", vec![plan(n.clone(), "eth0", true)])
+        .await
+        .unwrap();
+    r.engine
+        .gc(&valid(&[("c1", "eth0"), ("m1", "eth0")]), &[n])
+        .await
+        .unwrap();
+    // m2's network, with its cached result as prevResult; nothing else.
+    let dels: Vec<Call> = r
+        .runner
+        .calls()
+        .into_iter()
+        .filter(|c| c.command == "DEL")
+        .collect();
+    assert_eq!(r.runner.runs("DEL"), ["a/m2/eth0"]);
+    assert_eq!(prev_of(&dels[0]).as_deref(), Some("m2-if"));
+    let dir = r._dir.path().join("multus");
+    assert!(dir.join("m1").is_file() && dir.join("results/n-m1-eth0").is_file());
+    assert!(!dir.join("m2").exists() && !dir.join("results/n-m2-eth0").exists());
+    // The plugins' GC keeps what multus attached for m1.
+    let gcs: Vec<Call> = r
+        .runner
+        .calls()
+        .into_iter()
+        .filter(|c| c.command == "GC")
+        .collect();
+    assert_eq!(gcs.len(), 1);
+    assert_eq!(
+        gcs[0].stdin["cni.dev/valid-attachments"],
+        json!([
+            {"containerID": "c1", "ifname": "eth0"},
+            {"containerID": "m1", "ifname": "eth0"}
+        ])
+    );
+}

@@ -716,7 +716,11 @@ mod tests {
         .unwrap();
         let err = cfg.check_paths(PathScope { socket_dir: true }).unwrap_err();
         let keys: Vec<_> = err.problems.iter().map(|p| p.key.as_str()).collect();
-        assert_eq!(keys, ["socketDir", "stateDir", "cniDir", "logFile"], "{err}");
+        assert_eq!(
+            keys,
+            ["socketDir", "stateDir", "cniDir", "logFile"],
+            "{err}"
+        );
         let text = err.to_string();
         assert!(
             text.contains(&format!("{} is writable", open.display())),

@@ -435,11 +435,25 @@ fn a_damaged_delegate_cache_should_be_moved_aside_and_del_should_fall_back() {
     assert!(ns_c.has_link("eth0"), "{:?}", ns_c.ifaces());
     assert_eq!(n.e.reservations("md-main"), vec![bare(&addr_c)]);
 
-    // c still goes from its own caches.
+    // c's result cache replaced by a's (it names md-a): moved aside, and
+    // c's DEL goes on from its delegate cache without a prevResult.
+    let c_result = n.result_cache("md-main", "md-c", "eth0");
+    let a_result = fs::read(n.result_cache("md-main", "md-a", "eth0")).unwrap();
+    fs::write(&c_result, &a_result).unwrap();
     ok(&d, &call("DEL", "md-c", &ns_c).run(&d));
-    assert!(!ns_c.has_link("eth0"));
+    assert!(!ns_c.has_link("eth0"), "{:?}", ns_c.ifaces());
     assert!(n.e.reservations("md-main").is_empty());
     assert!(!n.delegate_cache("md-c").exists());
+    assert!(!c_result.exists());
+    let aside = n.damaged("md-c");
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(
+        aside[0]
+            .to_string_lossy()
+            .ends_with(".multus-results-md-main-md-c-eth0"),
+        "{aside:?}"
+    );
+    assert_eq!(fs::read(&aside[0]).unwrap(), a_result);
 }
 
 #[test]

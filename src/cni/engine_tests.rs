@@ -840,9 +840,9 @@ async fn a_networks_own_capability_arguments_should_reach_its_plugins_at_add_and
 }
 
 /// Writes multus's caches for container `id` attached to `list` (one
-/// delegate, on eth0, no namespace) as multus and libcni do, into the
-/// rig's cniDir.
-fn multus_attached(r: &Rig, id: &str, list: &NetworkList) {
+/// delegate, on eth0, in `netns`) as multus and libcni do, into the rig's
+/// cniDir.
+fn multus_attached(r: &Rig, id: &str, list: &NetworkList, netns: &str) {
     use base64::Engine as _;
     let dir = r._dir.path().join("multus");
     std::fs::create_dir_all(dir.join("results")).unwrap();
@@ -853,7 +853,8 @@ fn multus_attached(r: &Rig, id: &str, list: &NetworkList) {
                             "IsFilterV6Gateway": false, "Bytes": b64}]);
     std::fs::write(dir.join(id), serde_json::to_vec(&delegates).unwrap()).unwrap();
     let cached = json!({"kind": "cniCacheV1", "containerId": id, "config": b64, "ifName": "eth0",
-                        "networkName": list.name, "cniArgs": [["IgnoreUnknown", "true"]],
+                        "networkName": list.name, "netns": netns,
+                        "cniArgs": [["IgnoreUnknown", "true"]],
                         "result": {"cniVersion": "1.1.0", "interfaces": [{"name": format!("{id}-if")}]}});
     std::fs::write(
         dir.join("results").join(format!("{}-{id}-eth0", list.name)),
@@ -866,8 +867,8 @@ fn multus_attached(r: &Rig, id: &str, list: &NetworkList) {
 async fn gc_should_keep_what_multus_attached_for_valid_containers_and_del_the_rest() {
     let r = rig();
     let n = net("n", &["a"]);
-    multus_attached(&r, "m1", &n);
-    multus_attached(&r, "m2", &n);
+    multus_attached(&r, "m1", &n, "");
+    multus_attached(&r, "m2", &n, "");
     add(&r.engine, "c1", "eth0", vec![plan(n.clone(), "eth0", true)])
         .await
         .unwrap();
@@ -902,4 +903,17 @@ async fn gc_should_keep_what_multus_attached_for_valid_containers_and_del_the_re
             {"containerID": "m1", "ifname": "eth0"}
         ])
     );
+}
+
+#[tokio::test]
+async fn gc_should_not_run_a_stale_multus_container_in_the_hosts_namespace() {
+    let r = rig();
+    let n = net("n", &["a"]);
+    // The namespace libcni cached is the daemon's own.
+    multus_attached(&r, "m1", &n, "/proc/self/ns/net");
+    let e = r.engine.gc(&valid(&[]), &[n]).await.unwrap_err();
+    assert!(e.msg.contains("/proc/self/ns/net"), "{e}");
+    assert!(r.runner.runs("DEL").is_empty());
+    let dir = r._dir.path().join("multus");
+    assert!(dir.join("m1").is_file() && dir.join("results/n-m1-eth0").is_file());
 }

@@ -12,6 +12,8 @@
 //!   works from the record alone. A failed ADD rolls back what it added.
 //!   A damaged record is moved aside, never fatal: DEL then falls back to
 //!   the configured networks.
+//! - A container multus attached, which has no record, is DELed, CHECKed
+//!   and GCed from multus's caches in its `cniDir` ([`multus_cache`]).
 //! - Calls for one container are serialized, within this daemon and with
 //!   any other plexusd on the same stateDir (a lock file per container).
 //!   GC deletes stale attachments one container at a time; only its last

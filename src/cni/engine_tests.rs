@@ -917,3 +917,30 @@ async fn gc_should_not_run_a_stale_multus_container_in_the_hosts_namespace() {
     let dir = r._dir.path().join("multus");
     assert!(dir.join("m1").is_file() && dir.join("results/n-m1-eth0").is_file());
 }
+
+#[tokio::test]
+async fn del_and_check_of_a_multus_container_should_wait_for_its_lock() {
+    let mut r = rig();
+    let n = net("n", &["a"]);
+    multus_attached(&r, "m1", &n, "");
+    // Another plexusd on the same stateDir works on m1.
+    let locks = Locks::open(r._dir.path()).unwrap();
+    let held = locks.lock("m1").unwrap();
+    let del = {
+        let e = r.engine.clone();
+        tokio::spawn(async move { del(&e, "m1", "eth0").await })
+    };
+    let check = {
+        let e = r.engine.clone();
+        tokio::spawn(async move { e.check(&call(Command::Check, "m1", "eth0")).await })
+    };
+    r.no_start("a plugin of a multus container ran while another daemon held its lock")
+        .await;
+    drop(held);
+    r.next_start().await;
+    del.await.unwrap().unwrap();
+    // CHECK ran before or after the DEL: it passed, or found nothing left.
+    let _ = check.await.unwrap();
+    assert_eq!(r.runner.max_in_flight("m1"), 1);
+    assert!(!r._dir.path().join("multus/m1").exists());
+}

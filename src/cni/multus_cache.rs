@@ -393,7 +393,9 @@ fn parse_delegate(r: RawDelegate) -> Result<CachedDelegate, String> {
         .and_then(|l| l.get("plugins"))
         .and_then(Value::as_array)
         .is_some_and(|p| !p.is_empty());
-    if let Some(name) = &r.ifname_request {
+    // multus leaves it out when empty, and treats "" as not requested.
+    let ifname_request = r.ifname_request.filter(|n| !n.is_empty());
+    if let Some(name) = &ifname_request {
         check_ifname(name).map_err(|e| format!("ifnameRequest {name:?}: {e}"))?;
     }
     let mut requests = Map::new();
@@ -417,7 +419,7 @@ fn parse_delegate(r: RawDelegate) -> Result<CachedDelegate, String> {
         network: String::new(),
         config,
         conflist,
-        ifname_request: r.ifname_request,
+        ifname_request,
         requests,
     };
     // Refused here, not at DEL: a name that is not a file name, a plugin
@@ -792,7 +794,7 @@ mod tests {
                 {"Conf":{"ipam":{}},"ConfList":{"cniVersion":"0.3.1","name":"cbr0","plugins":[{"ipam":{},"type":"bridge"}]},
                  "Name":"cbr0","IsFilterV4Gateway":false,"IsFilterV6Gateway":false,"Bytes":b64(&list)},
                 {"Conf":{"cniVersion":"1.0.0","name":"macv","type":"macvlan"},"ConfList":{},
-                 "Name":"default/macv","macRequest":"02:00:00:00:00:01","ipRequest":["10.1.1.5/24"],
+                 "Name":"default/macv","ifnameRequest":"","macRequest":"02:00:00:00:00:01","ipRequest":["10.1.1.5/24"],
                  "IsFilterV4Gateway":false,"IsFilterV6Gateway":false,"Bytes":b64(&single)},
                 {"Conf":{"cniVersion":"1.0.0","name":"macv","type":"macvlan"},"ConfList":{},
                  "Name":"default/macv","ifnameRequest":"fast0",

@@ -522,3 +522,58 @@ fn gc_should_keep_multus_containers_in_the_valid_list_and_del_the_others() {
     ok(&d, &call("DEL", "mg-keep", &ns_keep).run(&d));
     assert!(n.e.reservations("mg-main").is_empty());
 }
+
+/// A tmpfs mounted on a directory of the test's own, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path) -> Self {
+        fs::create_dir_all(dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=0700", "plexus-test"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount: {out:?}");
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .output();
+    }
+}
+
+/// Under systemd's ReadWritePaths= (and whenever cniDir and stateDir are
+/// on different file systems) a rename between them fails with EXDEV: the
+/// damaged cache is moved aside within cniDir instead, never deleted.
+#[test]
+fn a_damaged_cache_on_another_file_system_should_be_moved_aside_where_it_is() {
+    let n = Node::new("mc-exdev");
+    let _mounted = Tmpfs::mount(&n.cni_dir);
+    let br = Link::bridge();
+    let subnet = Subnet::new();
+    let main = cluster(&n.e, "mx-main", &br, &subnet);
+    let ns = Netns::new();
+    let id = "mc-exdev-1";
+    n.multus_add(id, &ns, &[Net::list(&main)]);
+    fs::write(n.delegate_cache(id), b"[{\"Name\":").unwrap();
+    let d = n.start("mx-main");
+
+    ok(&d, &call("DEL", id, &ns).run(&d));
+    assert!(!n.delegate_cache(id).exists());
+    let here = n.cni_dir.join(".plexus-damaged").join(id);
+    let aside = list_dir(&here);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(aside[0].ends_with(&format!(".multus-{id}")), "{aside:?}");
+    assert_eq!(fs::read(here.join(&aside[0])).unwrap(), b"[{\"Name\":");
+    // The fallback ran, and later DELs fall back too.
+    assert!(!ns.has_link("eth0"), "{:?}", ns.ifaces());
+    assert!(n.e.reservations("mx-main").is_empty());
+    assert!(n.e.state_dir.join("attachments/damaged").join(id).is_dir());
+    ok(&d, &call("DEL", id, &ns).run(&d));
+}

@@ -944,3 +944,73 @@ async fn del_and_check_of_a_multus_container_should_wait_for_its_lock() {
     assert_eq!(r.runner.max_in_flight("m1"), 1);
     assert!(!r._dir.path().join("multus/m1").exists());
 }
+
+#[tokio::test]
+async fn a_multus_container_should_be_deled_in_reverse_and_checked_in_order() {
+    use base64::Engine as _;
+    let r = rig();
+    let dir = r._dir.path().join("multus");
+    std::fs::create_dir_all(dir.join("results")).unwrap();
+    let b64 = |v: Value| base64::engine::general_purpose::STANDARD.encode(v.to_string());
+    let first =
+        json!({"cniVersion": "1.1.0", "name": "n0", "plugins": [{"type": "a"}, {"type": "b"}]});
+    let second = json!({"cniVersion": "1.1.0", "name": "n1", "type": "c"});
+    let third = json!({"cniVersion": "1.1.0", "name": "n2", "type": "d"});
+    let delegates = json!([
+        {"ConfList": {"plugins": [{"type": "a"}, {"type": "b"}]}, "Name": "n0", "Bytes": b64(first)},
+        {"ConfList": {}, "Name": "default/n1", "Bytes": b64(second)},
+        {"ConfList": {}, "Name": "default/n2", "ifnameRequest": "fast0", "Bytes": b64(third)}
+    ]);
+    std::fs::write(dir.join("m1"), delegates.to_string()).unwrap();
+    for (net, ifname) in [("n0", "eth0"), ("n1", "net1"), ("n2", "fast0")] {
+        let cached = json!({"kind": "cniCacheV1", "containerId": "m1", "ifName": ifname,
+                            "networkName": net,
+                            "result": {"cniVersion": "1.1.0", "interfaces": [{"name": net}]}});
+        std::fs::write(
+            dir.join("results").join(format!("{net}-m1-{ifname}")),
+            cached.to_string(),
+        )
+        .unwrap();
+    }
+    r.engine
+        .check(&call(Command::Check, "m1", "eth0"))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.runner.runs("CHECK"),
+        ["a/m1/eth0", "b/m1/eth0", "c/m1/net1", "d/m1/fast0"]
+    );
+    del(&r.engine, "m1", "eth0").await.unwrap();
+    let dels: Vec<Call> = r
+        .runner
+        .calls()
+        .into_iter()
+        .filter(|c| c.command == "DEL")
+        .collect();
+    let seen: Vec<(String, Option<String>)> = dels
+        .iter()
+        .map(|c| (format!("{}/{}", c.plugin, c.ifname), prev_of(c)))
+        .collect();
+    let some = |s: &str| Some(s.to_string());
+    assert_eq!(
+        seen,
+        [
+            ("d/fast0".to_string(), some("n2")),
+            ("c/net1".to_string(), some("n1")),
+            ("b/eth0".to_string(), some("n0")),
+            ("a/eth0".to_string(), some("n0")),
+        ]
+    );
+    assert!(list_dir_names(&dir.join("results")).is_empty());
+    assert!(!dir.join("m1").exists());
+}
+
+fn list_dir_names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -293,9 +293,11 @@ impl Config {
                 );
             }
         }
-        // multus's cache directory: only its type is checked (Plexus keeps
-        // its own records in stateDir).
-        f.string("cniDir");
+        // multus's cache directory: read (and cleaned) for the containers
+        // multus attached; plexusd keeps its own records in stateDir.
+        let cni_dir = f
+            .path("cniDir")
+            .unwrap_or_else(|| PathBuf::from(cni::multus_cache::DEFAULT_CNI_DIR));
         let multus_namespace = f
             .string("multusNamespace")
             .filter(|s| !s.is_empty())
@@ -376,6 +378,7 @@ impl Config {
                 state_dir,
                 plugin_timeout,
                 device_info_dir: device_info_dir.clone(),
+                cni_dir,
             },
             selection: cluster_network.map(|cluster_network| selection::Config {
                 cluster_network,
@@ -413,8 +416,8 @@ pub struct PathScope {
 impl Config {
     /// Checks that no user but root can write the directories the daemon
     /// writes (see [`trust`] for the rule): `socketDir` (per `scope`),
-    /// `stateDir` when there are networks to record, and `logFile`'s
-    /// directory. Every problem is reported, each naming its key. Blocking.
+    /// `stateDir` and multus's `cniDir` when there are networks to record
+    /// (DEL acts on multus's caches), and `logFile`'s directory. Every problem is reported, each naming its key. Blocking.
     pub fn check_paths(&self, scope: PathScope) -> Result<()> {
         let mut problems = Vec::new();
         let mut check = |key: &str, result: std::result::Result<(), trust::Untrusted>| {
@@ -446,6 +449,9 @@ impl Config {
                 "stateDir",
                 trust::check_dir(&self.cni.state_dir.join("attachments")),
             );
+            // Its caches name the configurations DEL runs, and DEL removes
+            // and moves files there.
+            check("cniDir", trust::check_dir(&self.cni.cni_dir));
         }
         if let Some(file) = &self.logging.file {
             check("logFile", trust::check_file(file));
@@ -771,12 +777,16 @@ mod tests {
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
         let cfg = Config::from_json(
             &t.path().join("c.json"),
-            br#"{"socketDir":"open/sock","stateDir":"open","logFile":"open/x.log","clusterNetwork":"n"}"#,
+            br#"{"socketDir":"open/sock","stateDir":"open","cniDir":"open/multus","logFile":"open/x.log","clusterNetwork":"n"}"#,
         )
         .unwrap();
         let err = cfg.check_paths(PathScope { socket_dir: true }).unwrap_err();
         let keys: Vec<_> = err.problems.iter().map(|p| p.key.as_str()).collect();
-        assert_eq!(keys, ["socketDir", "stateDir", "logFile"], "{err}");
+        assert_eq!(
+            keys,
+            ["socketDir", "stateDir", "cniDir", "logFile"],
+            "{err}"
+        );
         let text = err.to_string();
         assert!(
             text.contains(&format!("{} is writable", open.display())),
@@ -786,7 +796,17 @@ mod tests {
         let err = cfg
             .check_paths(PathScope { socket_dir: false })
             .unwrap_err();
-        assert_eq!(err.problems.len(), 2);
+        assert_eq!(err.problems.len(), 3);
+        assert_eq!(
+            cfg.cni.cni_dir,
+            t.path().join("open/multus"),
+            "cniDir is resolved like the other paths"
+        );
+        let defaults = Config::from_json(&t.path().join("c.json"), b"{}").unwrap();
+        assert_eq!(
+            defaults.cni.cni_dir,
+            Path::new(cni::multus_cache::DEFAULT_CNI_DIR)
+        );
         let fine = Config::from_json(&t.path().join("c.json"), br#"{"socketDir":"sock"}"#).unwrap();
         fine.check_paths(PathScope { socket_dir: true }).unwrap();
     }

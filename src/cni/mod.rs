@@ -12,6 +12,8 @@
 //!   works from the record alone. A failed ADD rolls back what it added.
 //!   A damaged record is moved aside, never fatal: DEL then falls back to
 //!   the configured networks.
+//! - A container multus attached, which has no record, is DELed, CHECKed
+//!   and GCed from multus's caches in its `cniDir` ([`multus_cache`]).
 //! - Calls for one container are serialized, within this daemon and with
 //!   any other plexusd on the same stateDir (a lock file per container).
 //!   GC deletes stale attachments one container at a time; only its last
@@ -34,6 +36,7 @@ pub mod confdir;
 #[cfg(test)]
 mod engine_tests;
 pub mod exec;
+pub mod multus_cache;
 pub mod netns;
 pub mod parts;
 pub mod record;
@@ -51,6 +54,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
 use self::exec::{CallEnv, ExecError, Group, Plugin, Runner};
+use self::multus_cache::{Caches, Multus};
 use self::parts::{PluginRunner, Records};
 use self::record::{
     Attachment, Delegate, Durability, Held, Locks, MarkerState, Markers, Record, State, Store,
@@ -88,6 +92,8 @@ pub struct Config {
     /// The device-info directory: a network's `CNIDeviceInfoFile` that
     /// lies directly in its `cni/` is removed after the network's DEL.
     pub device_info_dir: PathBuf,
+    /// multus's `cniDir`: the caches of containers multus attached.
+    pub cni_dir: PathBuf,
 }
 
 impl Default for Config {
@@ -98,6 +104,7 @@ impl Default for Config {
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             plugin_timeout: DEFAULT_PLUGIN_TIMEOUT,
             device_info_dir: PathBuf::from(crate::k8s::devices::DEFAULT_DEVICE_INFO_DIR),
+            cni_dir: PathBuf::from(multus_cache::DEFAULT_CNI_DIR),
         }
     }
 }
@@ -146,6 +153,10 @@ impl Error {
     }
 
     fn record(e: record::Error) -> Self {
+        Self::new(ErrorKind::Internal, code::IO_FAILURE, e.to_string())
+    }
+
+    fn multus(e: multus_cache::Error) -> Self {
         Self::new(ErrorKind::Internal, code::IO_FAILURE, e.to_string())
     }
 
@@ -249,6 +260,8 @@ pub struct Engine {
     locks: Arc<Locks>,
     markers: Arc<Markers>,
     kill_group: KillGroup,
+    /// multus's caches (see [`multus_cache`]).
+    multus: Arc<Caches>,
     containers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Every operation on a container takes it shared; only the plugins'
     /// GC phase takes it exclusively (see [`Engine::gc`]).
@@ -357,6 +370,7 @@ impl Engine {
             locks: Arc::new(locks),
             markers,
             kill_group,
+            multus: Arc::new(Caches::new(&config.cni_dir)),
             config,
             containers: Mutex::new(HashMap::new()),
             gc_lock: RwLock::new(()),
@@ -1035,7 +1049,15 @@ impl Engine {
             .record
             .unwrap_or_else(|| Record::new(&inv.container_id));
         if record.attachment(&inv.ifname).is_none() {
-            let lost = loaded.set_aside || {
+            // A container multus attached before plexusd took over.
+            let multus = self.load_multus(&inv.container_id).await?;
+            if let Multus::Delegates(delegates) = &multus {
+                tracing::info!(container_id = %inv.container_id, ifname = %inv.ifname, networks = delegates.len(), "no record of its own: DEL runs the networks multus cached for the container");
+                return self
+                    .del_multus(inv, &inv.netns, &inv.ifname, delegates, &cap_args)
+                    .await;
+            }
+            let lost = loaded.set_aside || matches!(multus, Multus::SetAside) || {
                 let store = self.store.clone();
                 let cid = inv.container_id.clone();
                 blocking(move || store.was_set_aside(&cid)).await?
@@ -1136,6 +1158,9 @@ impl Engine {
     async fn check_locked(&self, inv: &Invocation, loaded: Loaded) -> Result<(), Error> {
         let record = loaded.record;
         let Some(att) = record.as_ref().and_then(|r| r.attachment(&inv.ifname)) else {
+            if let Multus::Delegates(delegates) = self.load_multus(&inv.container_id).await? {
+                return self.check_multus(inv, &delegates).await;
+            }
             return Err(Error::new(
                 ErrorKind::Failed,
                 code::UNKNOWN_CONTAINER,
@@ -1154,21 +1179,6 @@ impl Engine {
                 ));
             }
             let list = recorded_list(d).map_err(Error::config)?;
-            let version = list.version().unwrap_or_default();
-            if !at_least(&version, "0.4.0") {
-                return Err(Error::new(
-                    ErrorKind::Invalid,
-                    code::INCOMPATIBLE_VERSION,
-                    format!(
-                        "network {:?}: configuration version {version:?} does not support the CHECK command",
-                        list.name
-                    ),
-                ));
-            }
-            if list.disable_check {
-                continue;
-            }
-            let prepared = self.prepare(&list, Command::Check).await?;
             let env = self.call_env(
                 Command::Check,
                 inv,
@@ -1176,24 +1186,46 @@ impl Engine {
                 &inv.netns,
                 d.cni_args.as_deref(),
             );
-            for (i, (plugin, version)) in prepared.plugins.iter().enumerate() {
-                if !at_least(version, "0.4.0") {
-                    continue;
-                }
-                let prev = d.result.as_ref().and_then(|r| convert_for(r, version));
-                let stdin = stdin_for(
-                    &list,
-                    i,
-                    version,
-                    Command::Check,
-                    prev,
-                    d.capability_args_in(att),
-                );
-                self.runner
-                    .run(plugin, &env, stdin)
-                    .await
-                    .map_err(|e| Error::plugin(Command::Check, &list.name, e))?;
+            self.check_network(&list, &env, d.result.as_ref(), d.capability_args_in(att))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// CHECK of one network: every plugin at 0.4.0 or later, with `result`
+    /// as prevResult; nothing when the list disables CHECK.
+    async fn check_network(
+        &self,
+        list: &NetworkList,
+        env: &CallEnv,
+        result: Option<&Value>,
+        cap_args: &Map<String, Value>,
+    ) -> Result<(), Error> {
+        let version = list.version().unwrap_or_default();
+        if !at_least(&version, "0.4.0") {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                code::INCOMPATIBLE_VERSION,
+                format!(
+                    "network {:?}: configuration version {version:?} does not support the CHECK command",
+                    list.name
+                ),
+            ));
+        }
+        if list.disable_check {
+            return Ok(());
+        }
+        let prepared = self.prepare(list, Command::Check).await?;
+        for (i, (plugin, version)) in prepared.plugins.iter().enumerate() {
+            if !at_least(version, "0.4.0") {
+                continue;
             }
+            let prev = result.and_then(|r| convert_for(r, version));
+            let stdin = stdin_for(list, i, version, Command::Check, prev, cap_args);
+            self.runner
+                .run(plugin, env, stdin)
+                .await
+                .map_err(|e| Error::plugin(Command::Check, &list.name, e))?;
         }
         Ok(())
     }
@@ -1269,7 +1301,10 @@ impl Engine {
             errors.extend(self.gc_container(&id, loaded, valid, &mut failed).await);
             self.unlock(&id, lock).await;
         }
-        errors.extend(self.gc_plugins(lists, &failed).await);
+        // The containers multus attached, the same way.
+        let mut multus_failed = BTreeSet::new();
+        errors.extend(self.gc_multus(valid, &mut multus_failed).await);
+        errors.extend(self.gc_plugins(lists, &failed, &multus_failed).await);
         if errors.is_empty() {
             Ok(())
         } else {
@@ -1324,11 +1359,13 @@ impl Engine {
 
     /// The last phase of GC: sends GC to every plugin of `lists` that
     /// speaks 1.1.0, with every recorded attachment but the `failed` stale
-    /// ones as the valid attachments.
+    /// ones as the valid attachments, and every attachment in multus's
+    /// result cache but those of the `multus_failed` containers.
     async fn gc_plugins(
         &self,
         lists: &[NetworkList],
         failed: &BTreeSet<(String, String)>,
+        multus_failed: &BTreeSet<String>,
     ) -> Vec<Error> {
         let mut errors = Vec::new();
         // Worked out before the exclusive lock: VERSION runs may be slow,
@@ -1379,24 +1416,23 @@ impl Engine {
             }
         };
         let store = self.store.clone();
-        let records = blocking(move || -> Result<Vec<Record>, record::Error> {
+        let multus = self.multus.clone();
+        let records = blocking(move || -> Result<_, Error> {
             let mut out = Vec::new();
-            for id in store.list()? {
+            for id in store.list().map_err(Error::record)? {
                 // A damaged record names nothing that could be kept.
                 if let Ok(Some(r)) = store.load(&id) {
                     out.push(r);
                 }
             }
-            Ok(out)
+            // Not one cache may be missed: a plugin frees what is not listed.
+            let cached = multus.results().map_err(Error::multus)?;
+            Ok((out, cached))
         })
         .await;
-        let records = match records {
+        let (records, multus_cached) = match records {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                errors.push(Error::record(e));
-                return errors;
-            }
-            Err(e) => {
+            Ok(Err(e)) | Err(e) => {
                 errors.push(e);
                 return errors;
             }
@@ -1416,6 +1452,12 @@ impl Engine {
                         .filter(|d| d.name == list.name)
                         .map(|d| serde_json::json!({"containerID": r.container_id, "ifname": d.ifname}))
                 })
+                .chain(
+                    multus_cached
+                        .iter()
+                        .filter(|c| c.network == list.name && !multus_failed.contains(&c.container_id))
+                        .map(|c| serde_json::json!({"containerID": c.container_id, "ifname": c.ifname})),
+                )
                 .collect();
             let valid_value = if attachments.is_empty() {
                 Value::Null
@@ -1678,6 +1720,7 @@ mod tests {
             state_dir: state.to_path_buf(),
             plugin_timeout: Duration::from_secs(5),
             device_info_dir: state.join("devinfo"),
+            cni_dir: state.join("multus"),
         }
     }
 

@@ -257,6 +257,96 @@ fn temp_files_in(dir: &Path) -> Vec<(String, PathBuf)> {
     out
 }
 
+/// Why [`read_regular`] gave no bytes.
+#[derive(Debug)]
+pub enum Unreadable {
+    /// Not a file to read: a symbolic link (never followed), a directory
+    /// or another special file, or larger than allowed. Left as it is.
+    Damaged(String),
+    /// Reading failed: worth a retry.
+    Io(&'static str, io::Error),
+}
+
+/// The bytes of regular file `path`, at most `max` of them; `None` when
+/// there is no such file. A symbolic link is never followed and a FIFO
+/// never waited on. Blocking.
+pub fn read_regular(path: &Path, max: u64) -> Result<Option<Vec<u8>>, Unreadable> {
+    let damaged = |why: &str| Unreadable::Damaged(why.to_string());
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Unreadable::Io("cannot look it up", e)),
+    };
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        return Err(damaged("it is a symbolic link"));
+    }
+    if kind.is_dir() {
+        return Err(damaged("it is a directory"));
+    }
+    if !kind.is_file() {
+        return Err(damaged("it is not a regular file"));
+    }
+    // O_NOFOLLOW and O_NONBLOCK: whatever replaced the file since the
+    // lstat is neither followed nor waited on (a FIFO).
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let file = match file {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(damaged("it is a symbolic link"))
+        }
+        Err(e) => return Err(Unreadable::Io("cannot open it", e)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| Unreadable::Io("cannot stat it", e))?;
+    if !meta.is_file() {
+        return Err(damaged("it is not a regular file"));
+    }
+    if meta.len() > max {
+        return Err(damaged(&format!("it is larger than {max} bytes")));
+    }
+    let mut text = Vec::with_capacity(meta.len() as usize);
+    file.take(max + 1)
+        .read_to_end(&mut text)
+        .map_err(|e| Unreadable::Io("cannot read it", e))?;
+    if text.len() as u64 > max {
+        return Err(damaged(&format!("it is larger than {max} bytes")));
+    }
+    Ok(Some(text))
+}
+
+/// Moves `from` as it is (a symbolic link or a directory is moved itself,
+/// never followed) into `dir` (created 0700), named `<unix time><suffix>`
+/// (`<unix time>.<n><suffix>` when taken), and returns the new path.
+pub fn move_aside(from: &Path, dir: &Path, suffix: &str) -> Result<PathBuf, Error> {
+    create_private_dir(dir)?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    for n in 0..1000 {
+        let name = if n == 0 {
+            format!("{now}{suffix}")
+        } else {
+            format!("{now}.{n}{suffix}")
+        };
+        let to = dir.join(name);
+        if fs::symlink_metadata(&to).is_ok() {
+            continue;
+        }
+        fs::rename(from, &to).map_err(io_error(from, "cannot move the damaged file aside"))?;
+        return Ok(to);
+    }
+    Err(io_error(dir, "cannot move the damaged file aside")(
+        io::Error::other("too many damaged files this second"),
+    ))
+}
+
 /// The directory of records.
 #[derive(Debug)]
 pub struct Store {
@@ -314,55 +404,12 @@ impl Store {
     /// not parse, or names another container is [`Error::Damaged`].
     pub fn load(&self, container_id: &str) -> Result<Option<Record>, Error> {
         let path = self.path(container_id);
-        let damaged = |why: &str| Error::Damaged {
-            path: path.clone(),
-            why: why.to_string(),
-        };
-        let meta = match fs::symlink_metadata(&path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_error(&path, "cannot look up the attachment record")(e)),
-        };
-        let kind = meta.file_type();
-        if kind.is_symlink() {
-            return Err(damaged("it is a symbolic link"));
+        match read_regular(&path, MAX_RECORD_BYTES) {
+            Ok(None) => Ok(None),
+            Ok(Some(text)) => parse(container_id, &path, &text).map(Some),
+            Err(Unreadable::Damaged(why)) => Err(Error::Damaged { path, why }),
+            Err(Unreadable::Io(what, e)) => Err(io_error(&path, what)(e)),
         }
-        if kind.is_dir() {
-            return Err(damaged("it is a directory"));
-        }
-        if !kind.is_file() {
-            return Err(damaged("it is not a regular file"));
-        }
-        // O_NOFOLLOW and O_NONBLOCK: whatever replaced the file since the
-        // lstat is neither followed nor waited on (a FIFO).
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path);
-        let file = match file {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                return Err(damaged("it is a symbolic link"))
-            }
-            Err(e) => return Err(io_error(&path, "cannot open the attachment record")(e)),
-        };
-        let meta = file
-            .metadata()
-            .map_err(io_error(&path, "cannot stat the attachment record"))?;
-        if !meta.is_file() {
-            return Err(damaged("it is not a regular file"));
-        }
-        if meta.len() > MAX_RECORD_BYTES {
-            return Err(damaged(&format!(
-                "it is larger than {MAX_RECORD_BYTES} bytes"
-            )));
-        }
-        let mut text = Vec::with_capacity(meta.len() as usize);
-        file.take(MAX_RECORD_BYTES + 1)
-            .read_to_end(&mut text)
-            .map_err(io_error(&path, "cannot read the attachment record"))?;
-        parse(container_id, &path, &text).map(Some)
     }
 
     /// Writes `record` atomically; an empty record removes the file.
@@ -441,30 +488,25 @@ impl Store {
     /// `damaged/<id>/<unix time>.json`, and returns that path. Call it
     /// with the container locked.
     pub fn set_aside(&self, container_id: &str) -> Result<PathBuf, Error> {
-        let from = self.path(container_id);
-        let dir = self.damaged_dir(container_id);
-        create_private_dir(&dir)?;
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        for n in 0..1000 {
-            let name = if n == 0 {
-                format!("{now}.json")
-            } else {
-                format!("{now}.{n}.json")
-            };
-            let to = dir.join(name);
-            if fs::symlink_metadata(&to).is_ok() {
-                continue;
-            }
-            fs::rename(&from, &to)
-                .map_err(io_error(&from, "cannot move the damaged record aside"))?;
-            return Ok(to);
-        }
-        Err(io_error(&dir, "cannot move the damaged record aside")(
-            io::Error::other("too many damaged records this second"),
-        ))
+        move_aside(
+            &self.path(container_id),
+            &self.damaged_dir(container_id),
+            ".json",
+        )
+    }
+
+    /// Moves `from`, another file about `container_id` found damaged (one
+    /// of multus's caches), aside next to its damaged records, as
+    /// `damaged/<id>/<unix time><suffix>`; where it went. From then on
+    /// [`Store::was_set_aside`] is true for the container. Call it with
+    /// the container locked.
+    pub fn set_aside_file(
+        &self,
+        container_id: &str,
+        from: &Path,
+        suffix: &str,
+    ) -> Result<PathBuf, Error> {
+        move_aside(from, &self.damaged_dir(container_id), suffix)
     }
 
     /// Whether a damaged record of `container_id` was ever moved aside.

@@ -1,0 +1,774 @@
+//! multus's on-disk caches, read so that plexusd can DEL, CHECK and GC the
+//! containers multus attached before the node switched to plexusd.
+//!
+//! Both live in multus's `cniDir` (default `/var/lib/cni/multus`):
+//!
+//! - the delegate cache `<cniDir>/<containerID>`: a JSON array, one object
+//!   per network in multus's order (the first is the primary), whose
+//!   `Bytes` is the base64 of the exact configuration multus ran, with the
+//!   interface name and capability requests of the selection element;
+//! - libcni's result cache `<cniDir>/results/<network>-<containerID>-<ifname>`
+//!   (`kind` `cniCacheV1`): per network that was added, the final result
+//!   (DEL's and CHECK's `prevResult`), `CNI_ARGS`, capability arguments and
+//!   namespace of its ADD.
+//!
+//! Nothing here follows a symbolic link, waits on a FIFO or reads more than
+//! [`MAX_CACHE_BYTES`]; a file that cannot be used is [`Error::Damaged`] and
+//! is moved aside, never deleted. [`Caches`] only reads and removes files,
+//! blocking. The engine's DEL, CHECK and GC of such containers are here too
+//! (`impl Engine`, called from the engine's hooks in `mod.rs`), always under
+//! the container's locks, with file work on the blocking pool;
+//! docs/records.md says what they do with the caches.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::exec::CallEnv;
+use super::record::{self, read_regular, Store, Unreadable};
+use super::types::{self, ConfigError, Invocation, NetworkList};
+use super::{blocking, Engine, ErrorKind};
+use crate::api::{code, Command};
+use crate::names::check_ifname;
+
+/// multus's default `cniDir`.
+pub const DEFAULT_CNI_DIR: &str = "/var/lib/cni/multus";
+/// Longest cache file read; multus's and libcni's are a few KiB.
+pub const MAX_CACHE_BYTES: u64 = 4 << 20;
+/// The `kind` of libcni's result cache files.
+pub const RESULT_KIND: &str = "cniCacheV1";
+/// The directory of libcni's result cache, inside `cniDir`.
+const RESULTS: &str = "results";
+
+/// Why a cache could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: {what}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// Unusable content or kind of file; it is left as it was.
+    #[error("multus cache {} is damaged: {why}", path.display())]
+    Damaged { path: PathBuf, why: String },
+}
+
+impl Error {
+    pub fn is_damaged(&self) -> bool {
+        matches!(self, Error::Damaged { .. })
+    }
+
+    /// The file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            Error::Io { path, .. } | Error::Damaged { path, .. } => path,
+        }
+    }
+}
+
+/// Where a damaged cache goes when `<stateDir>` is on another file system
+/// than `cniDir` (a rename cannot cross it): `<cniDir>/.plexus-damaged/<id>/`.
+/// Its name starts with a dot, so it is no container's delegate cache.
+const DAMAGED_HERE: &str = ".plexus-damaged";
+
+/// What multus left for a container, as an operation under its lock sees it.
+pub(super) enum Multus {
+    /// No delegate cache.
+    Nothing,
+    /// The delegate cache was damaged and has just been moved aside.
+    SetAside,
+    /// The networks multus attached, in its order.
+    Delegates(Vec<CachedDelegate>),
+}
+
+/// One network of multus's delegate cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedDelegate {
+    /// multus's name for it (`<namespace>/<nad>`, or the network's name).
+    pub name: String,
+    /// The network's (CNI) name, which libcni's cache file names carry.
+    pub network: String,
+    /// The configuration multus ran (`Bytes`), as a JSON object.
+    config: Map<String, Value>,
+    /// Whether `config` is a list (`ConfList.plugins` not empty), else a
+    /// single plugin's configuration.
+    conflist: bool,
+    /// The selection element's `interface`.
+    ifname_request: Option<String>,
+    /// The selection element's capability requests (ips, mac, ...).
+    requests: Map<String, Value>,
+}
+
+impl CachedDelegate {
+    /// multus's interface name for the delegate at `index`: the requested
+    /// one, else the runtime's `CNI_IFNAME` (`primary_ifname`) for the
+    /// primary (index 0), else `net<index>`.
+    pub fn ifname(&self, index: usize, primary_ifname: &str) -> String {
+        match &self.ifname_request {
+            Some(name) => name.clone(),
+            None if index == 0 => primary_ifname.to_string(),
+            None => format!("net{index}"),
+        }
+    }
+
+    /// Whether its interface name is the runtime's `CNI_IFNAME`.
+    pub fn takes_call_ifname(&self, index: usize) -> bool {
+        index == 0 && self.ifname_request.is_none()
+    }
+
+    /// The configuration as a network list. A list without `cniVersion`
+    /// gets `version` (multus gives it its own; libcni's cached config
+    /// holds what was used), else "1.0.0".
+    pub fn list(&self, version: Option<&str>) -> Result<NetworkList, ConfigError> {
+        let mut config = self.config.clone();
+        if !config.contains_key("cniVersion") {
+            config.insert(
+                "cniVersion".into(),
+                Value::String(version.unwrap_or("1.0.0").to_string()),
+            );
+        }
+        NetworkList::from_value(
+            Path::new(&format!("<multus cache of network {}>", self.network)),
+            Value::Object(config),
+            !self.conflist,
+        )
+    }
+
+    /// The capability arguments multus would give it: the call's, with
+    /// the selection element's requests in their place.
+    pub fn capability_args(&self, call: &Map<String, Value>) -> Map<String, Value> {
+        let mut out = call.clone();
+        out.extend(self.requests.clone());
+        out
+    }
+}
+
+/// libcni's cached ADD of one network.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedResult {
+    pub path: PathBuf,
+    pub container_id: String,
+    pub network: String,
+    pub ifname: String,
+    /// `CNI_NETNS` of the ADD (empty when not recorded).
+    pub netns: String,
+    /// `CNI_ARGS` of the ADD, joined as a runtime passes them.
+    pub cni_args: Option<String>,
+    pub capability_args: Option<Map<String, Value>>,
+    /// The final result: DEL's and CHECK's `prevResult`.
+    pub result: Option<Value>,
+    /// `cniVersion` of the configuration cached with it.
+    pub config_version: Option<String>,
+}
+
+/// multus's caches in one `cniDir`.
+#[derive(Debug, Clone)]
+pub struct Caches {
+    dir: PathBuf,
+}
+
+/// One delegate cache entry as multus writes it (Go field names).
+#[derive(Deserialize)]
+struct RawDelegate {
+    #[serde(rename = "Name", default)]
+    name: Option<String>,
+    #[serde(rename = "ConfList", default)]
+    conf_list: Option<Value>,
+    #[serde(rename = "Bytes", default)]
+    bytes: Option<String>,
+    #[serde(rename = "ifnameRequest", default)]
+    ifname_request: Option<String>,
+    #[serde(rename = "macRequest", default)]
+    mac_request: Option<String>,
+    #[serde(rename = "infinibandGUIDRequest", default)]
+    guid_request: Option<String>,
+    #[serde(rename = "ipRequest", default)]
+    ip_request: Option<Vec<String>>,
+    #[serde(rename = "deviceID", default)]
+    device_id: Option<String>,
+}
+
+/// A libcni result cache file as libcni writes it.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawResult {
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    container_id: String,
+    #[serde(default)]
+    config: Option<String>,
+    #[serde(default)]
+    if_name: String,
+    #[serde(default)]
+    network_name: String,
+    #[serde(default)]
+    netns: Option<String>,
+    #[serde(default)]
+    cni_args: Option<Vec<(String, String)>>,
+    #[serde(default)]
+    capability_args: Option<Map<String, Value>>,
+    #[serde(default)]
+    result: Option<Value>,
+}
+
+impl Caches {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `<cniDir>/<containerID>`; `container_id` must be a valid one.
+    pub fn delegates_path(&self, container_id: &str) -> PathBuf {
+        self.dir.join(container_id)
+    }
+
+    /// `<cniDir>/results/<network>-<containerID>-<ifname>`; every part
+    /// must have passed its name check.
+    pub fn result_path(&self, network: &str, container_id: &str, ifname: &str) -> PathBuf {
+        self.dir
+            .join(RESULTS)
+            .join(format!("{network}-{container_id}-{ifname}"))
+    }
+
+    /// multus's delegates for `container_id`, in multus's order; `None`
+    /// when it left no delegate cache for it.
+    pub fn load(&self, container_id: &str) -> Result<Option<Vec<CachedDelegate>>, Error> {
+        if !types::is_valid_container_id(container_id) || container_id == RESULTS {
+            return Ok(None);
+        }
+        let path = self.delegates_path(container_id);
+        let Some(text) = read(&path)? else {
+            return Ok(None);
+        };
+        parse_delegates(&text)
+            .map(Some)
+            .map_err(|why| Error::Damaged { path, why })
+    }
+
+    /// libcni's cached ADD of `network` on `ifname` for `container_id`.
+    pub fn load_result(
+        &self,
+        network: &str,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<Option<CachedResult>, Error> {
+        let path = self.result_path(network, container_id, ifname);
+        let Some(text) = read(&path)? else {
+            return Ok(None);
+        };
+        let r = parse_result(&path, &text)?;
+        let expected = (container_id, network, ifname);
+        if (
+            r.container_id.as_str(),
+            r.network.as_str(),
+            r.ifname.as_str(),
+        ) != expected
+        {
+            return Err(Error::Damaged {
+                path,
+                why: format!(
+                    "it holds network {:?} of container {:?} on {:?}, not network {network:?} of container {container_id:?} on {ifname:?}",
+                    r.network, r.container_id, r.ifname
+                ),
+            });
+        }
+        Ok(Some(r))
+    }
+
+    /// The ids of the containers with a delegate cache file (readable or
+    /// not), sorted; none when `cniDir` does not exist.
+    pub fn containers(&self) -> Result<Vec<String>, Error> {
+        let mut ids: Vec<String> = list_names(&self.dir)?
+            .into_iter()
+            .filter(|n| n != RESULTS && types::is_valid_container_id(n))
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Every readable entry of libcni's result cache, sorted by file
+    /// name; files that do not parse are skipped (as libcni does).
+    pub fn results(&self) -> Result<Vec<CachedResult>, Error> {
+        let dir = self.dir.join(RESULTS);
+        let mut names = list_names(&dir)?;
+        names.sort();
+        let mut out = Vec::new();
+        for name in names {
+            let path = dir.join(&name);
+            match read(&path) {
+                Ok(Some(text)) => {
+                    if let Ok(r) = parse_result(&path, &text) {
+                        out.push(r);
+                    }
+                }
+                Ok(None) | Err(Error::Damaged { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes a cache file (no error when it is gone already).
+    pub fn remove(&self, path: &Path) -> Result<(), Error> {
+        match fs::remove_file(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(Error::Io {
+                path: path.to_path_buf(),
+                what: "cannot remove the multus cache file",
+                source,
+            }),
+        }
+    }
+}
+
+/// [`read_regular`] of a cache file.
+fn read(path: &Path) -> Result<Option<Vec<u8>>, Error> {
+    read_regular(path, MAX_CACHE_BYTES).map_err(|e| match e {
+        Unreadable::Damaged(why) => Error::Damaged {
+            path: path.to_path_buf(),
+            why,
+        },
+        Unreadable::Io(what, source) => Error::Io {
+            path: path.to_path_buf(),
+            what,
+            source,
+        },
+    })
+}
+
+/// The names in `dir`; none when it does not exist.
+fn list_names(dir: &Path) -> Result<Vec<String>, Error> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(Error::Io {
+                path: dir.to_path_buf(),
+                what: "cannot list the multus cache directory",
+                source,
+            })
+        }
+    };
+    Ok(entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .collect())
+}
+
+/// A delegate cache's content; why not, when it cannot be used.
+fn parse_delegates(text: &[u8]) -> Result<Vec<CachedDelegate>, String> {
+    let raw: Vec<RawDelegate> =
+        serde_json::from_slice(text).map_err(|e| format!("it does not parse: {e}"))?;
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, r)| parse_delegate(r).map_err(|why| format!("delegate {i}: {why}")))
+        .collect()
+}
+
+fn parse_delegate(r: RawDelegate) -> Result<CachedDelegate, String> {
+    let bytes = r
+        .bytes
+        .ok_or("it has no Bytes (the configuration multus ran)")?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(bytes.as_bytes())
+        .map_err(|e| format!("Bytes is not base64: {e}"))?;
+    let config = match serde_json::from_slice(&bytes) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return Err("Bytes does not hold a JSON object".into()),
+        Err(e) => return Err(format!("Bytes does not hold JSON: {e}")),
+    };
+    let conflist = r
+        .conf_list
+        .as_ref()
+        .and_then(|l| l.get("plugins"))
+        .and_then(Value::as_array)
+        .is_some_and(|p| !p.is_empty());
+    // multus leaves it out when empty, and treats "" as not requested.
+    let ifname_request = r.ifname_request.filter(|n| !n.is_empty());
+    if let Some(name) = &ifname_request {
+        check_ifname(name).map_err(|e| format!("ifnameRequest {name:?}: {e}"))?;
+    }
+    let mut requests = Map::new();
+    if let Some(mac) = r.mac_request.filter(|s| !s.is_empty()) {
+        requests.insert("mac".into(), Value::String(mac));
+    }
+    if let Some(guid) = r.guid_request.filter(|s| !s.is_empty()) {
+        requests.insert("infinibandGUID".into(), Value::String(guid));
+    }
+    if let Some(ips) = r.ip_request.filter(|v| !v.is_empty()) {
+        requests.insert(
+            "ips".into(),
+            Value::Array(ips.into_iter().map(Value::String).collect()),
+        );
+    }
+    if let Some(id) = r.device_id.filter(|s| !s.is_empty()) {
+        requests.insert("deviceID".into(), Value::String(id));
+    }
+    let mut d = CachedDelegate {
+        name: r.name.unwrap_or_default(),
+        network: String::new(),
+        config,
+        conflist,
+        ifname_request,
+        requests,
+    };
+    // Refused here, not at DEL: a name that is not a file name, a plugin
+    // type that is a path, a shim that would call the daemon.
+    let list = d.list(None).map_err(|e| e.to_string())?;
+    d.network = list.name;
+    Ok(d)
+}
+
+/// A result cache file's content, its names not yet compared.
+fn parse_result(path: &Path, text: &[u8]) -> Result<CachedResult, Error> {
+    let damaged = |why: String| Error::Damaged {
+        path: path.to_path_buf(),
+        why,
+    };
+    let raw: RawResult =
+        serde_json::from_slice(text).map_err(|e| damaged(format!("it does not parse: {e}")))?;
+    if raw.kind.as_deref() != Some(RESULT_KIND) {
+        return Err(damaged(format!(
+            "kind {:?} is not {RESULT_KIND:?}",
+            raw.kind.unwrap_or_default()
+        )));
+    }
+    if !types::is_valid_container_id(&raw.container_id) {
+        return Err(damaged(format!(
+            "containerId {:?} is not a container id",
+            raw.container_id
+        )));
+    }
+    let cni_args = match raw.cni_args {
+        Some(pairs) if !pairs.is_empty() => {
+            let joined = pairs
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(";");
+            types::validate_env_value("CNI_ARGS", &joined)
+                .map_err(|e| damaged(format!("cniArgs: {}", e.msg)))?;
+            Some(joined)
+        }
+        _ => None,
+    };
+    let netns = raw.netns.unwrap_or_default();
+    types::validate_env_value("CNI_NETNS", &netns)
+        .map_err(|e| damaged(format!("netns: {}", e.msg)))?;
+    if raw.result.as_ref().is_some_and(|r| !r.is_object()) {
+        return Err(damaged("result is not a JSON object".into()));
+    }
+    let config_version = raw
+        .config
+        .and_then(|c| base64::engine::general_purpose::STANDARD.decode(c).ok())
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|v| {
+            v.get("cniVersion")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
+    Ok(CachedResult {
+        path: path.to_path_buf(),
+        container_id: raw.container_id,
+        network: raw.network_name,
+        ifname: raw.if_name,
+        netns,
+        cni_args,
+        capability_args: raw.capability_args,
+        result: raw.result,
+        config_version,
+    })
+}
+
+/// Moves the damaged cache `e` names aside, next to the container's damaged
+/// records (`<stateDir>/attachments/damaged/<id>/<unix time>.multus-<file>`),
+/// and logs where it went. Blocking; the caller holds the container's lock.
+fn set_aside(
+    state_dir: &Path,
+    caches: &Caches,
+    container_id: &str,
+    e: &Error,
+) -> Result<PathBuf, super::Error> {
+    let from = e.path();
+    let file = from
+        .strip_prefix(caches.dir())
+        .unwrap_or(from)
+        .to_string_lossy()
+        .replace('/', "-");
+    let suffix = format!(".multus-{file}");
+    let moved = match Store::at(state_dir).set_aside_file(container_id, from, &suffix) {
+        Err(record::Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EXDEV) => {
+            // The damaged/<id>/ directory exists now, which is what makes
+            // later DELs fall back; the file stays on its file system.
+            let here = caches.dir().join(DAMAGED_HERE).join(container_id);
+            record::move_aside(from, &here, &suffix)
+        }
+        other => other,
+    }
+    .map_err(super::Error::record)?;
+    tracing::error!(container_id, cause = %e, moved_to = %moved.display(), "damaged multus cache moved aside");
+    Ok(moved)
+}
+
+impl Engine {
+    /// multus's delegate cache of `id` (the caller holds its lock); a
+    /// damaged one is moved aside.
+    pub(super) async fn load_multus(&self, id: &str) -> Result<Multus, super::Error> {
+        let caches = self.multus.clone();
+        let state_dir = self.config.state_dir.clone();
+        let cid = id.to_string();
+        blocking(move || match caches.load(&cid) {
+            Ok(Some(d)) => Ok(Multus::Delegates(d)),
+            Ok(None) => Ok(Multus::Nothing),
+            Err(e) if e.is_damaged() => {
+                set_aside(&state_dir, &caches, &cid, &e)?;
+                Ok(Multus::SetAside)
+            }
+            Err(e) => Err(super::Error::multus(e)),
+        })
+        .await?
+    }
+
+    /// libcni's cached ADD of delegate `d` on `ifname` of `id`; a damaged
+    /// one is moved aside and the delegate goes on without it.
+    async fn multus_result(
+        &self,
+        id: &str,
+        d: &CachedDelegate,
+        ifname: &str,
+    ) -> Result<Option<CachedResult>, super::Error> {
+        let caches = self.multus.clone();
+        let state_dir = self.config.state_dir.clone();
+        let (cid, network, ifname) = (id.to_string(), d.network.clone(), ifname.to_string());
+        blocking(move || match caches.load_result(&network, &cid, &ifname) {
+            Ok(r) => Ok(r),
+            Err(e) if e.is_damaged() => {
+                set_aside(&state_dir, &caches, &cid, &e)?;
+                Ok(None)
+            }
+            Err(e) => Err(super::Error::multus(e)),
+        })
+        .await?
+    }
+
+    async fn remove_multus(&self, path: PathBuf) -> Result<(), super::Error> {
+        let caches = self.multus.clone();
+        blocking(move || caches.remove(&path))
+            .await?
+            .map_err(super::Error::multus)
+    }
+
+    /// DEL of a container multus attached, as multus's DEL: every delegate
+    /// in reverse order, past errors, with the configuration multus ran,
+    /// libcni's cached result as prevResult (0.4.0 on) and the cached
+    /// `CNI_ARGS` and capability arguments (else the call's `CNI_ARGS` and
+    /// `cap_args` with the delegate's requests). A delegate whose DEL
+    /// succeeded loses its result cache file (as in libcni); the delegate
+    /// cache goes once every delegate succeeded, and stays otherwise, for
+    /// the runtime's next DEL. The caller holds the container's lock.
+    pub(super) async fn del_multus(
+        &self,
+        inv: &Invocation,
+        netns: &str,
+        primary_ifname: &str,
+        delegates: &[CachedDelegate],
+        cap_args: &Map<String, Value>,
+    ) -> Result<(), super::Error> {
+        let id = &inv.container_id;
+        let mut errors = Vec::new();
+        for (i, d) in delegates.iter().enumerate().rev() {
+            let ifname = d.ifname(i, primary_ifname);
+            let cached = match self.multus_result(id, d, &ifname).await {
+                Ok(c) => c,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            let list = match d.list(cached.as_ref().and_then(|c| c.config_version.as_deref())) {
+                Ok(l) => l,
+                Err(e) => {
+                    errors.push(super::Error::config(e));
+                    continue;
+                }
+            };
+            let env = CallEnv {
+                command: Command::Del.as_str(),
+                container_id: id.clone(),
+                netns: netns.to_string(),
+                ifname: ifname.clone(),
+                args: cached
+                    .as_ref()
+                    .and_then(|c| c.cni_args.clone())
+                    .unwrap_or_else(|| inv.args.clone()),
+            };
+            let caps = cached
+                .as_ref()
+                .and_then(|c| c.capability_args.clone())
+                .unwrap_or_else(|| d.capability_args(cap_args));
+            let prev = cached.as_ref().and_then(|c| c.result.as_ref());
+            let errs = self.del_chain(&list, &env, &caps, prev).await;
+            if !errs.is_empty() {
+                errors.extend(errs);
+                continue;
+            }
+            if let Some(c) = cached {
+                if let Err(e) = self.remove_multus(c.path).await {
+                    errors.push(e);
+                }
+            }
+        }
+        if !errors.is_empty() {
+            tracing::warn!(container_id = %id, "DEL of a container multus attached failed; its multus caches stay for the next DEL");
+            return Err(super::Error::join(
+                Command::Del,
+                &format!("container {id:?} (attached by multus)"),
+                errors,
+            ));
+        }
+        self.remove_multus(self.multus.delegates_path(id)).await
+    }
+
+    /// CHECK of a container multus attached: every delegate in multus's
+    /// order, with libcni's cached result; the first failure is returned.
+    pub(super) async fn check_multus(
+        &self,
+        inv: &Invocation,
+        delegates: &[CachedDelegate],
+    ) -> Result<(), super::Error> {
+        let id = &inv.container_id;
+        for (i, d) in delegates.iter().enumerate() {
+            let ifname = d.ifname(i, &inv.ifname);
+            let Some(cached) = self.multus_result(id, d, &ifname).await? else {
+                return Err(super::Error::new(
+                    ErrorKind::Failed,
+                    code::UNKNOWN_CONTAINER,
+                    format!(
+                        "network {:?} of container {id:?} on {ifname:?}: multus's result cache {} is missing; CHECK needs the result of the ADD",
+                        d.network,
+                        self.multus.result_path(&d.network, id, &ifname).display()
+                    ),
+                ));
+            };
+            let list = d
+                .list(cached.config_version.as_deref())
+                .map_err(super::Error::config)?;
+            let env = CallEnv {
+                command: Command::Check.as_str(),
+                container_id: id.clone(),
+                netns: inv.netns.clone(),
+                ifname,
+                args: cached.cni_args.clone().unwrap_or_else(|| inv.args.clone()),
+            };
+            let caps = cached
+                .capability_args
+                .clone()
+                .unwrap_or_else(|| d.capability_args(&Map::new()));
+            self.check_network(&list, &env, cached.result.as_ref(), &caps)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// GC's sweep of the containers multus attached: each one with no
+    /// attachment in `valid` is locked and DELed from its caches (in the
+    /// namespace libcni cached, checked first), as a stale record would
+    /// be. The ones whose DEL failed go into `failed`.
+    pub(super) async fn gc_multus(
+        &self,
+        valid: &BTreeSet<(String, String)>,
+        failed: &mut BTreeSet<String>,
+    ) -> Vec<super::Error> {
+        let caches = self.multus.clone();
+        let listed = blocking(move || -> Result<_, Error> {
+            let ids = caches.containers()?;
+            let results = if ids.is_empty() {
+                Vec::new()
+            } else {
+                caches.results()?
+            };
+            Ok((ids, results))
+        })
+        .await;
+        let (ids, results) = match listed {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => return vec![super::Error::multus(e)],
+            Err(e) => return vec![e],
+        };
+        // A container is valid as a whole: multus's delegates all hang on
+        // the runtime's one attachment, whatever its interface name.
+        let valid_ids: BTreeSet<&str> = valid.iter().map(|(c, _)| c.as_str()).collect();
+        let mut errors = Vec::new();
+        for id in ids.iter().filter(|id| !valid_ids.contains(id.as_str())) {
+            let (lock, _own) = match self.lock_op(id, None).await {
+                Ok(l) => l,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            if let Err(e) = self.gc_multus_container(id, &results).await {
+                failed.insert(id.clone());
+                errors.push(e);
+            }
+            self.unlock(id, lock).await;
+        }
+        errors
+    }
+
+    /// DELs stale container `id` from multus's caches; `results` is
+    /// libcni's result cache as listed before the lock was taken (for the
+    /// runtime's interface name and the namespace only). Locked by the
+    /// caller.
+    async fn gc_multus_container(
+        &self,
+        id: &str,
+        results: &[CachedResult],
+    ) -> Result<(), super::Error> {
+        let delegates = match self.load_multus(id).await? {
+            Multus::Delegates(d) => d,
+            Multus::Nothing | Multus::SetAside => return Ok(()),
+        };
+        let mine: Vec<&CachedResult> = results.iter().filter(|r| r.container_id == id).collect();
+        let primary_ifname = delegates
+            .first()
+            .and_then(|p| mine.iter().find(|r| r.network == p.network))
+            .filter(|_| delegates.first().is_some_and(|p| p.takes_call_ifname(0)))
+            .map(|r| r.ifname.clone())
+            .unwrap_or_else(|| "eth0".to_string());
+        let netns = mine
+            .iter()
+            .map(|r| r.netns.clone())
+            .find(|n| !n.is_empty())
+            .unwrap_or_default();
+        // The cached namespace may be gone, but must not be the host's.
+        self.check_netns(Command::Del, &netns).await?;
+        tracing::info!(container_id = %id, ifname = %primary_ifname, "GC: deleting a stale container multus attached");
+        let inv = Invocation {
+            command: Command::Del,
+            container_id: id.to_string(),
+            netns: netns.clone(),
+            ifname: primary_ifname.clone(),
+            args: String::new(),
+            arg_pairs: Vec::new(),
+        };
+        self.del_multus(&inv, &netns, &primary_ifname, &delegates, &Map::new())
+            .await
+    }
+}
+
+#[cfg(test)]
+#[path = "multus_cache_tests.rs"]
+mod tests;

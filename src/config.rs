@@ -271,14 +271,7 @@ impl Config {
         }
         let auxiliary_chain = f.string("auxiliaryCNIChainName").filter(|s| !s.is_empty());
         if let Some(name) = &auxiliary_chain {
-            let valid = name
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphanumeric())
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-            if !valid {
+            if !cni::confdir::is_plugin_dir_name(name) {
                 f.problem(
                     "auxiliaryCNIChainName",
                     format!("{name:?} cannot name a plugin directory"),

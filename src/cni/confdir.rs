@@ -66,6 +66,17 @@ fn load_file(path: &Path) -> Result<NetworkList, ConfigError> {
     NetworkList::from_value(path, value, false)
 }
 
+/// A name libcni accepts as a plugin directory: an alphanumeric, then
+/// alphanumerics, `_`, `.` and `-`.
+pub fn is_plugin_dir_name(name: &str) -> bool {
+    name.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
 /// libcni's subdirectory plugin loading: the plugin configs in
 /// `<dir>/<name>/*.conf`, in name order, appended to list `name` (read
 /// from `file`). No such directory: none. The name must then be one that
@@ -79,14 +90,7 @@ pub fn subdirectory_plugins(
     if !sub.is_dir() {
         return Ok(Vec::new());
     }
-    let valid = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-    if !valid {
+    if !is_plugin_dir_name(name) {
         return Err(ConfigError::Field {
             file: file.to_path_buf(),
             key: "name".into(),

@@ -433,3 +433,79 @@ exit 0"#,
     assert_eq!(s.e.records(), Vec::<String>::new());
     assert!(s.e.fake_processes().is_empty());
 }
+
+/// `/delegate` takes its slot where `/cni` does: with one slot and a short
+/// queue, each waits behind the other and is answered 503 (code 11) when
+/// the queue times out.
+#[test]
+fn delegate_and_cni_should_share_the_admission_slots() {
+    let e = Engine::new("dg-admit");
+    // Holds its slot until `$DIR/go.<ifname>` exists.
+    e.fake(
+        "gate",
+        &format!(
+            r#"if [ "$CNI_COMMAND" = ADD ]; then
+  touch "$DIR/started.$CNI_IFNAME"
+  for _ in $(seq 2000); do [ -e "$DIR/go.$CNI_IFNAME" ] && break; sleep 0.01; done
+  {}
+fi
+exit 0"#,
+            Engine::pass_through()
+        ),
+    );
+    let net = conflist("gate-net", "1.0.0", vec![json!({"type": "gate"})]);
+    e.write_network("10-gate.conflist", &net);
+    let mut cfg = e.config("gate-net", "20s");
+    cfg["connectionLimit"] = 1.into();
+    cfg["queueTimeout"] = "300ms".into();
+    let mut d = Daemon::start(&e.dir, "d", cfg);
+    d.ready();
+    let ns = Netns::new();
+    let started = |ifname: &str| e.dir.join(&format!("started.{ifname}")).exists();
+    let go = |ifname: &str| fs::write(e.dir.join(&format!("go.{ifname}")), b"").unwrap();
+    let refused = |r: &Response| {
+        assert_eq!(r.status, 503, "{}", r.body_str());
+        assert_eq!(r.json()["code"], 11, "{}", r.body_str());
+    };
+
+    // /cni holds the slot: /delegate is not admitted.
+    let add = Call::new("ADD", "dg-admit-1", &ns, "eth0").spawn(&d);
+    wait_until(SETTLE, "the runtime's ADD to run", || started("eth0"));
+    refused(&delegate(
+        &d,
+        "ADD",
+        "dg-admit-1",
+        &ns,
+        "net5",
+        &net,
+        json!({}),
+    ));
+    assert!(!started("net5"));
+    go("eth0");
+    ok(&d, &add.finish());
+
+    // /delegate holds it: /cni is not admitted.
+    let pending = {
+        let (sock, ns_path, net) = (d.sock.clone(), ns.path.clone(), net.clone());
+        std::thread::spawn(move || {
+            let body = json!({
+                "env": {"CNI_ARGS": POD_ARGS, "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "dg-admit-1",
+                        "CNI_IFNAME": "net5", "CNI_NETNS": ns_path},
+                "config": base64::engine::general_purpose::STANDARD
+                    .encode(serde_json::to_vec(&net).unwrap()),
+            });
+            http::request(&sock, "POST", "/delegate", &body.to_string().into_bytes()).unwrap()
+        })
+    };
+    wait_until(SETTLE, "the hot-plug to run", || started("net5"));
+    let other = Call::new("ADD", "dg-admit-2", &ns, "eth0").run(&d);
+    let (code, msg) = (
+        other.json()["code"].as_u64(),
+        other.json()["msg"].to_string(),
+    );
+    assert_eq!(code, Some(11), "{msg}");
+    assert!(!e.record("dg-admit-2").exists());
+    go("net5");
+    let r = pending.join().unwrap();
+    ok_200(&d, &r);
+}

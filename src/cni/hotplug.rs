@@ -244,3 +244,64 @@ fn describe((att, d): (&Attachment, Option<&Delegate>)) -> String {
         (None, None) => format!("the runtime's attachment {:?}", att.ifname),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn record() -> Record {
+        // As an earlier version wrote it: no hotPluggedInto anywhere.
+        serde_json::from_value(json!({
+            "kind": super::super::record::KIND,
+            "containerId": "c1",
+            "attachments": [{
+                "ifname": "eth0", "netns": "/run/netns/x", "cniArgs": "",
+                "delegates": [
+                    {"name": "pod", "ifname": "eth0", "primary": true, "state": "added", "config": {}},
+                    {"name": "extra", "ifname": "net1", "state": "added", "config": {}}
+                ]
+            }]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_earlier_record_should_read_as_having_nothing_hot_plugged() {
+        let mut r = record();
+        assert_eq!(r.attachments[0].hot_plugged_into, None);
+        assert_eq!(r.runtime_attachment().unwrap().ifname, "eth0");
+        assert!(r.hot_plugged("eth0").is_empty());
+        // Written back unchanged: nothing new appears for older readers.
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(v["attachments"][0].get("hotPluggedInto").is_none(), "{v}");
+
+        let mut hp = r.attachments[0].clone();
+        hp.ifname = "net5".into();
+        hp.delegates.truncate(1);
+        hp.delegates[0].ifname = "net5".into();
+        hp.delegates[0].primary = false;
+        hp.delegates[0].name = "hp".into();
+        hp.hot_plugged_into = Some("eth0".into());
+        r.attachments.insert(0, hp);
+        let back: Record = serde_json::from_value(serde_json::to_value(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+        // The runtime's attachment is never a hot-plugged one.
+        assert_eq!(r.runtime_attachment().unwrap().ifname, "eth0");
+        assert_eq!(r.hot_plugged("eth0"), ["net5"]);
+        for (ifname, holder) in [
+            (
+                "eth0",
+                "the runtime's attachment \"eth0\" (its primary network \"pod\")",
+            ),
+            (
+                "net1",
+                "network \"extra\" of the runtime's attachment \"eth0\"",
+            ),
+            ("net5", "network \"hp\", hot-plugged into \"eth0\""),
+        ] {
+            assert_eq!(describe(r.holder_of(ifname).unwrap()), holder);
+        }
+        assert!(r.holder_of("net2").is_none());
+    }
+}

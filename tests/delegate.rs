@@ -509,3 +509,65 @@ exit 0"#,
     let r = pending.join().unwrap();
     ok_200(&d, &r);
 }
+
+/// The controller also removes networks the pod got at its creation: such
+/// a network of the runtime's attachment is unplugged alone; the runtime's
+/// own interface is refused; an interface nothing recorded gets the DEL of
+/// the request's network, as from multus.
+#[test]
+fn an_additional_network_of_the_pod_should_be_unplugged_alone() {
+    let s = Setup::new("dg-extra");
+    s.e.fake(
+        "tattle",
+        r#"touch "$DIR/ran.$CNI_COMMAND.$CNI_IFNAME"; exit 0"#,
+    );
+    let mut hp = s.hp_config();
+    hp["capabilities"] = json!({});
+    s.e.write_network("20-hp.conf", &hp);
+    let d = s.start("d");
+    let id = "dg-extra-1";
+    let res = ok(
+        &d,
+        &Call::new("ADD", id, &s.ns, "eth0")
+            .args(&format!("IgnoreUnknown=1;PLEXUS_NETWORKS={HP_NET}@net1"))
+            .run(&d),
+    );
+    let eth0 = address(&res);
+    assert!(s.ns.has_link("net1"), "{:?}", s.ns.ifaces());
+    assert_eq!(s.e.reservations(HP_NET).len(), 1);
+
+    let (code, msg) = error_400(&delegate(&d, "DEL", id, &s.ns, "eth0", &hp, json!({})));
+    assert_eq!(code, 4, "{msg}");
+    assert!(
+        msg.contains("interface \"eth0\" is the runtime's attachment"),
+        "{msg}"
+    );
+    assert!(s.ns.iface("eth0").unwrap().has_addr(&eth0));
+
+    ok_200(&d, &delegate(&d, "DEL", id, &s.ns, "net1", &hp, json!({})));
+    assert!(!s.ns.has_link("net1"), "{:?}", s.ns.ifaces());
+    assert_eq!(s.e.reservations(HP_NET), Vec::<String>::new());
+    assert!(s.ns.iface("eth0").unwrap().has_addr(&eth0));
+    let rec = s.record(id);
+    let networks: Vec<&str> = rec["attachments"][0]["delegates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["ifname"].as_str().unwrap())
+        .collect();
+    assert_eq!(networks, ["eth0"], "{rec}");
+
+    let before = s.record_bytes(id);
+    let mut tattle = hp.clone();
+    tattle["type"] = "tattle".into();
+    ok_200(
+        &d,
+        &delegate(&d, "DEL", id, &s.ns, "net9", &tattle, json!({})),
+    );
+    assert!(s.e.dir.join("ran.DEL.net9").exists());
+    assert_eq!(s.record_bytes(id), before);
+
+    ok(&d, &cni(&d, "DEL", id, &s.ns, "eth0"));
+    assert_eq!(s.e.reservations(POD_NET), Vec::<String>::new());
+    assert_eq!(s.e.records(), Vec::<String>::new());
+}

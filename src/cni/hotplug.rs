@@ -127,11 +127,16 @@ impl Engine {
                 ))
             }
         };
-        // An additional network of the runtime's attachment.
+        // An additional network of the runtime's attachment, with the
+        // CNI_ARGS it was added with (this call's are the controller's).
+        let recorded = Invocation {
+            args: att.cni_args.clone(),
+            ..inv.clone()
+        };
         let errors = if d.state == State::Pending {
             Vec::new()
         } else {
-            self.del_recorded(inv, &inv.netns, &att, &d, d.result.as_ref())
+            self.del_recorded(&recorded, &inv.netns, &att, &d, d.result.as_ref())
                 .await
         };
         if !errors.is_empty() {

@@ -172,7 +172,13 @@ fn network(
             ("K8S_POD_INFRA_CONTAINER_ID".into(), String::new()),
             ("K8S_POD_UID".into(), p.uid.clone().unwrap_or_default()),
         ],
-        None => inv.arg_pairs.clone(),
+        // PLEXUS_NETWORKS is ours, not the plugins'.
+        None => inv
+            .arg_pairs
+            .iter()
+            .filter(|(k, _)| k != crate::selection::ARGS_KEY)
+            .cloned()
+            .collect(),
     };
     pairs.extend(legacy);
     planned.cni_args = Some(
@@ -254,6 +260,12 @@ mod tests {
         assert_eq!(
             p.list.to_value(),
             json!({"cniVersion":"1.0.0","name":"l","plugins":[{"type":"bridge"},{"type":"tuning"}]})
+        );
+        let plain = super::tests::inv("IgnoreUnknown=1;PLEXUS_NETWORKS=a;X=y");
+        let p = network(&plain, None, &attrs, config).unwrap();
+        assert_eq!(
+            p.cni_args.as_deref(),
+            Some("IgnoreUnknown=1;X=y;MAC=02:00:00:00:00:02;IP=10.1.1.5/24")
         );
         for bad in [&b""[..], b"[]", br#"{"type":"bridge"}"#, br#"{"name":"x"}"#] {
             let e = network(&inv, None, &Selection::default(), bad).unwrap_err();

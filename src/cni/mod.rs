@@ -12,6 +12,9 @@
 //!   works from the record alone. A failed ADD rolls back what it added.
 //!   A damaged record is moved aside, never fatal: DEL then falls back to
 //!   the configured networks.
+//! - A network hot-plugged through `/delegate` is an attachment of its own
+//!   in the record, naming the runtime's attachment it joined; the DEL of
+//!   that attachment, and GC, take it along ([`hotplug`]).
 //! - A container multus attached, which has no record, is DELed, CHECKed
 //!   and GCed from multus's caches in its `cniDir` ([`multus_cache`]).
 //! - Calls for one container are serialized, within this daemon and with

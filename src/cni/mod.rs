@@ -14,7 +14,7 @@
 //!   the configured networks.
 //! - A network hot-plugged through `/delegate` is an attachment of its own
 //!   in the record, naming the runtime's attachment it joined; the DEL of
-//!   that attachment, and GC, take it along ([`hotplug`]).
+//!   that attachment, and GC, take it along (`hotplug.rs`).
 //! - A container multus attached, which has no record, is DELed, CHECKed
 //!   and GCed from multus's caches in its `cniDir` ([`multus_cache`]).
 //! - Calls for one container are serialized, within this daemon and with

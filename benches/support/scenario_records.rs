@@ -26,6 +26,7 @@ fn loopback_record(container_id: &str, netns: &str) -> Record {
         netns: netns.into(),
         cni_args: CNI_ARGS.into(),
         capability_args: Default::default(),
+        hot_plugged_into: None,
         delegates: vec![Delegate {
             name: "lo".into(),
             ifname: "lo".into(),

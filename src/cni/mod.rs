@@ -12,6 +12,9 @@
 //!   works from the record alone. A failed ADD rolls back what it added.
 //!   A damaged record is moved aside, never fatal: DEL then falls back to
 //!   the configured networks.
+//! - A network hot-plugged through `/delegate` is an attachment of its own
+//!   in the record, naming the runtime's attachment it joined; the DEL of
+//!   that attachment, and GC, take it along (`hotplug.rs`).
 //! - A container multus attached, which has no record, is DELed, CHECKed
 //!   and GCed from multus's caches in its `cniDir` ([`multus_cache`]).
 //! - Calls for one container are serialized, within this daemon and with
@@ -36,6 +39,7 @@ pub mod confdir;
 #[cfg(test)]
 mod engine_tests;
 pub mod exec;
+mod hotplug;
 pub mod multus_cache;
 pub mod netns;
 pub mod parts;
@@ -831,7 +835,7 @@ impl Engine {
         let (lock, loaded) = self
             .lock_op(&inv.container_id, Some((Command::Add, &inv.netns)))
             .await?;
-        let out = self.add_locked(inv, cap_args, planned, loaded).await;
+        let out = self.add_locked(inv, cap_args, planned, loaded, None).await;
         self.unlock(&inv.container_id, lock).await;
         out
     }
@@ -842,6 +846,7 @@ impl Engine {
         cap_args: Map<String, Value>,
         planned: Vec<Planned>,
         loaded: Loaded,
+        hot_plugged_into: Option<String>,
     ) -> Result<Vec<AddedNetwork>, Error> {
         // Everything that can be checked before running anything is.
         let mut prepared = Vec::with_capacity(planned.len());
@@ -865,6 +870,7 @@ impl Engine {
         // (libcni's rule, see stdin_for), so nothing else is kept.
         let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
         record.attachments.push(Attachment {
+            hot_plugged_into,
             ifname: inv.ifname.clone(),
             netns: inv.netns.clone(),
             cni_args: inv.args.clone(),
@@ -1048,7 +1054,8 @@ impl Engine {
         let mut record = loaded
             .record
             .unwrap_or_else(|| Record::new(&inv.container_id));
-        if record.attachment(&inv.ifname).is_none() {
+        let hot_plugged = record.hot_plugged(&inv.ifname);
+        if record.attachment(&inv.ifname).is_none() && hot_plugged.is_empty() {
             // A container multus attached before plexusd took over.
             let multus = self.load_multus(&inv.container_id).await?;
             if let Multus::Delegates(delegates) = &multus {
@@ -1072,6 +1079,7 @@ impl Engine {
             // fails here stays recorded for the next DEL.
             let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
             record.attachments.push(Attachment {
+                hot_plugged_into: None,
                 ifname: inv.ifname.clone(),
                 netns: inv.netns.clone(),
                 cni_args: inv.args.clone(),
@@ -1091,7 +1099,33 @@ impl Engine {
                     .collect(),
             });
         }
-        self.del_attachment(inv, &inv.netns, &mut record).await
+        // Networks hot-plugged into this attachment go first, newest first,
+        // as a DEL undoes an ADD: nothing of them may outlive the pod.
+        let mut errors = Vec::new();
+        for ifname in hot_plugged.iter().rev() {
+            let one = Invocation {
+                ifname: ifname.clone(),
+                ..inv.clone()
+            };
+            if let Err(e) = self.del_attachment(&one, &inv.netns, &mut record).await {
+                errors.push(e);
+            }
+        }
+        if let Err(e) = self.del_attachment(inv, &inv.netns, &mut record).await {
+            errors.push(e);
+        }
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::join(
+                Command::Del,
+                &format!(
+                    "container {:?} ifname {:?} and the networks hot-plugged into it",
+                    inv.container_id, inv.ifname
+                ),
+                errors,
+            )),
+        }
     }
 
     /// DELs attachment `inv.ifname` of `record` (which must hold it) and
@@ -1280,13 +1314,7 @@ impl Engine {
             let cid = id.clone();
             match blocking(move || store.load(&cid)).await? {
                 Ok(None) => continue,
-                Ok(Some(r))
-                    if r.attachments
-                        .iter()
-                        .all(|a| valid.contains(&(id.clone(), a.ifname.clone()))) =>
-                {
-                    continue
-                }
+                Ok(Some(r)) if r.attachments.iter().all(|a| is_valid(&id, a, valid)) => continue,
                 // Stale attachments, a damaged record or an unreadable one:
                 // a second look under the lock decides.
                 _ => {}
@@ -1325,12 +1353,16 @@ impl Engine {
         let Some(mut record) = loaded.record else {
             return Vec::new();
         };
-        let stale: Vec<Attachment> = record
+        // Hot-plugged networks before the attachments they joined, newest
+        // first, as the runtime's DEL would.
+        let (mut stale, own): (Vec<Attachment>, Vec<Attachment>) = record
             .attachments
             .iter()
-            .filter(|a| !valid.contains(&(id.to_string(), a.ifname.clone())))
+            .filter(|a| !is_valid(id, a, valid))
             .cloned()
-            .collect();
+            .partition(|a| a.hot_plugged_into.is_some());
+        stale.reverse();
+        stale.extend(own);
         let mut errors = Vec::new();
         for att in stale {
             let inv = Invocation {
@@ -1518,6 +1550,13 @@ fn clear_marker(
         tracing::warn!(container_id = %id, cause = %e, "cannot empty a plugin marker");
     }
     Ok(())
+}
+
+/// Whether GC keeps attachment `att` of container `id`: the runtime lists
+/// it, or, for a network hot-plugged into one, the attachment it joined.
+fn is_valid(id: &str, att: &Attachment, valid: &BTreeSet<(String, String)>) -> bool {
+    let listed = |ifname: &str| valid.contains(&(id.to_string(), ifname.to_string()));
+    listed(&att.ifname) || att.hot_plugged_into.as_deref().is_some_and(listed)
 }
 
 /// [`netns::check`] for `command` as an engine error (code 4), logged.

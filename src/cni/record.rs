@@ -105,6 +105,11 @@ pub struct Attachment {
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub capability_args: Map<String, Value>,
     pub delegates: Vec<Delegate>,
+    /// For a network hot-plugged through `/delegate`: the `ifname` of the
+    /// runtime's attachment it was added to. The runtime's DEL of that
+    /// attachment removes it first. Absent in records of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hot_plugged_into: Option<String>,
 }
 
 /// Everything recorded for one container.
@@ -131,6 +136,38 @@ impl Record {
 
     pub fn attachment_mut(&mut self, ifname: &str) -> Option<&mut Attachment> {
         self.attachments.iter_mut().find(|a| a.ifname == ifname)
+    }
+
+    /// The runtime's own attachment, which hot-plugged networks join: the
+    /// one with a primary network, else the first that was not hot-plugged.
+    pub fn runtime_attachment(&self) -> Option<&Attachment> {
+        let own = || {
+            self.attachments
+                .iter()
+                .filter(|a| a.hot_plugged_into.is_none())
+        };
+        own()
+            .find(|a| a.delegates.iter().any(|d| d.primary))
+            .or_else(|| own().next())
+    }
+
+    /// The interface names of networks hot-plugged into attachment
+    /// `ifname`, in the order they were added.
+    pub fn hot_plugged(&self, ifname: &str) -> Vec<String> {
+        self.attachments
+            .iter()
+            .filter(|a| a.hot_plugged_into.as_deref() == Some(ifname))
+            .map(|a| a.ifname.clone())
+            .collect()
+    }
+
+    /// What holds interface `ifname` in the container, if anything: the
+    /// attachment and the network of that name.
+    pub fn holder_of(&self, ifname: &str) -> Option<(&Attachment, Option<&Delegate>)> {
+        self.attachments.iter().find_map(|a| {
+            let d = a.delegates.iter().find(|d| d.ifname == ifname);
+            (a.ifname == ifname || d.is_some()).then_some((a, d))
+        })
     }
 }
 
@@ -860,6 +897,7 @@ mod tests {
     fn record(id: &str) -> Record {
         let mut r = Record::new(id);
         r.attachments.push(Attachment {
+            hot_plugged_into: None,
             ifname: "eth0".into(),
             netns: "/run/netns/x".into(),
             cni_args: "IgnoreUnknown=1".into(),

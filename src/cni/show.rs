@@ -14,11 +14,15 @@ pub fn summary(record: &Record) -> Value {
         .iter()
         .map(|a| {
             let networks: Vec<Value> = a.delegates.iter().map(delegate_summary).collect();
-            serde_json::json!({
+            let mut out = serde_json::json!({
                 "ifname": a.ifname,
                 "netns": a.netns,
                 "networks": networks,
-            })
+            });
+            if let Some(into) = &a.hot_plugged_into {
+                out["hotPluggedInto"] = Value::String(into.clone());
+            }
+            out
         })
         .collect();
     serde_json::json!({
@@ -101,6 +105,7 @@ mod tests {
     fn a_summary_should_show_the_container_side_interface_and_its_addresses() {
         let mut record = Record::new("c1");
         record.attachments.push(super::super::record::Attachment {
+            hot_plugged_into: None,
             ifname: "eth0".into(),
             netns: "/run/netns/x".into(),
             cni_args: String::new(),

@@ -15,6 +15,7 @@ use crate::cni::types::{self, Invalid, Invocation};
 use crate::cni::{self, Engine, ErrorKind, Planned};
 use crate::k8s;
 
+mod delegate;
 mod kube;
 mod routes_in_pod;
 use crate::result;
@@ -138,12 +139,8 @@ impl Handler for Networks {
         self.serve(request).await
     }
 
-    async fn delegate(&self, _request: api::Request) -> Result<Reply, Failure> {
-        Err(Failure::new(
-            FailureKind::InvalidRequest,
-            code::INVALID_ENVIRONMENT,
-            "/delegate (interface hot-plug) is not supported",
-        ))
+    async fn delegate(&self, request: api::Request) -> Result<Reply, Failure> {
+        self.serve_delegate(request).await
     }
 
     async fn attachments(&self, container_id: String) -> Result<Option<Value>, Failure> {

@@ -32,7 +32,7 @@ pub enum Sub {
         container_id: Option<String>,
     },
     /// Write the runtime's CNI configuration for plexus-shim
-    /// (<cniConfigDir>/00-plexus.conf) from the primary network
+    /// (`<cniConfigDir>/00-plexus.conf`) from the primary network
     /// configuration in multusAutoconfigDir, as multus's auto configuration
     /// does, and exit. The file is replaced atomically and only when its
     /// content changes; when the primary is missing or cannot be read, the

@@ -50,11 +50,11 @@ pub struct Indicator {
 }
 
 impl Indicator {
-    /// Starts the watcher task; must be called within a tokio runtime.
-    /// The first look at the file happens in the task: until then the
-    /// file counts as absent.
+    /// Starts the watcher task; must be called within a tokio runtime,
+    /// but not from one of its tasks: the first look at the file is made
+    /// here, blocking.
     pub fn watch(config: Config) -> Self {
-        let (tx, rx) = watch::channel(false);
+        let (tx, rx) = watch::channel(config.path.exists());
         tokio::spawn(run(config.path.clone(), tx));
         Self {
             config,

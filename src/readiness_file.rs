@@ -159,7 +159,8 @@ async fn run(path: PathBuf, tx: watch::Sender<bool>) {
     } else {
         RESTAT_WITHOUT_INOTIFY
     };
-    let mut tick = tokio::time::interval(interval);
+    // The first look is the loop's own: no tick right away.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut watched: Watched = None;
     loop {
@@ -211,11 +212,21 @@ fn refresh(events: Option<&AsyncFd<Events>>, path: &Path, mut watched: Watched) 
         return (path.exists(), None);
     };
     let inotify = &fd.get_ref().0;
-    // Only that something happened matters; the events themselves are
-    // not looked at.
+    // That something happened is what matters; but a watched directory
+    // that was removed or moved away must be watched anew (its path may
+    // already exist again).
+    let gone =
+        AddWatchFlags::IN_IGNORED | AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF;
+    let mut stale = false;
     while let Ok(events) = inotify.read_events() {
         if events.is_empty() {
             break;
+        }
+        stale |= events.iter().any(|e| e.mask.intersects(gone));
+    }
+    if stale {
+        if let Some((_, wd)) = watched.take() {
+            let _ = inotify.rm_watch(wd);
         }
     }
     // The watch goes on before the look, so a change in between is an
@@ -277,14 +288,25 @@ mod tests {
         assert_eq!(nearest_dir(&file), t.path().join("a/b"));
     }
 
+    /// Waits (bounded) until the indicator says `present`.
+    async fn until(ind: &Indicator, present: bool) {
+        let mut rx = ind.present.clone();
+        tokio::time::timeout(Duration::from_secs(20), rx.wait_for(|p| *p == present))
+            .await
+            .expect("the indicator did not change")
+            .unwrap();
+    }
+
     #[tokio::test]
     async fn presence_should_follow_the_file_through_a_missing_directory() {
         let t = tempfile::tempdir().unwrap();
-        let file = t.path().join("later/dir/ready");
+        let top = t.path().join("later");
+        let file = top.join("dir/ready");
         let ind = Indicator::watch(Config {
             path: file.clone(),
             timeout: Duration::from_secs(20),
         });
+        assert!(!ind.present());
         let waiter = {
             let ind = ind.clone();
             tokio::spawn(async move { ind.wait().await })
@@ -294,23 +316,25 @@ mod tests {
             assert!(tokio::time::Instant::now() < deadline);
             tokio::task::yield_now().await;
         }
+        assert!(ind.not_ready().unwrap().contains("1 call waiting"));
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, b"").unwrap();
-        // Well before the 5 s re-stat: inotify saw it.
-        let started = tokio::time::Instant::now();
         assert!(waiter.await.unwrap());
+        // The whole directory goes, then comes back: seen through the
+        // watch on the nearest existing directory, well before the
+        // periodic look.
+        std::fs::remove_dir_all(&top).unwrap();
+        until(&ind, false).await;
+        assert!(ind.not_ready().unwrap().contains("0 calls waiting"));
+        let started = tokio::time::Instant::now();
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, b"").unwrap();
+        until(&ind, true).await;
         assert!(
             started.elapsed() < RESTAT_INTERVAL,
             "{:?}",
             started.elapsed()
         );
-        std::fs::remove_file(&file).unwrap();
-        let mut rx = ind.present.clone();
-        tokio::time::timeout(Duration::from_secs(3), rx.wait_for(|p| !*p))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(ind.not_ready().unwrap().contains("0 calls waiting"));
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@ mod support;
 use serde_json::{json, Value};
 use support::cni::{bridge, call_env, conflist, failed, ok, Engine};
 use support::daemon::Daemon;
+use support::kube::{pod_args, FakeApi, NETWORK_STATUS, NODE};
 use support::netns::{host_link_exists, Link, Netns, Subnet};
 use support::shim::{self, Run};
 
@@ -47,7 +48,12 @@ fn multus_conf(daemon: &Daemon, extra: Value) -> Value {
 
 /// One call through plexus-shim with `config` as its stdin.
 fn call(command: &str, id: &str, ns: &Netns, config: &Value) -> Run {
-    let env = call_env(command, id, &ns.path, "eth0", support::cni::DEFAULT_ARGS);
+    call_with_args(command, id, ns, config, support::cni::DEFAULT_ARGS)
+}
+
+/// [`call`] with `CNI_ARGS` `args`.
+fn call_with_args(command: &str, id: &str, ns: &Netns, config: &Value, args: &str) -> Run {
+    let env = call_env(command, id, &ns.path, "eth0", args);
     shim::run(env, &serde_json::to_vec(config).unwrap())
 }
 
@@ -297,4 +303,64 @@ fn the_captured_multus_conf_should_attach_its_cluster_network() {
     // The keys that stay the daemon's were not taken from the call.
     assert!(!engine.dir.join("cache").exists());
     assert!(!engine.dir.join("multus-daemon.log").exists());
+}
+
+/// A pod's ADD resolves the call's networks the same way: the call's
+/// `clusterNetwork` names a NAD in the call's `multusNamespace`, and the
+/// pod's annotation adds a NAD of its own namespace.
+#[test]
+fn a_pods_networks_should_come_from_the_calls_configuration_too() {
+    let engine = Engine::new("ovl-pod");
+    let (cluster, blue) = (Net::new("cl"), Net::new("bl"));
+    let api = FakeApi::start();
+    api.put_nad(
+        "netops",
+        "cl",
+        Some(&cluster.conflist(&engine).to_string()),
+        json!({}),
+    );
+    api.put_nad(
+        "ns1",
+        "blue",
+        Some(&blue.conflist(&engine).to_string()),
+        json!({}),
+    );
+    api.put_pod(
+        "ns1",
+        "web",
+        "uid-web",
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": "blue"}),
+    );
+    let mut config = daemon_config(&engine, true);
+    api.configure(&engine.dir, &mut config, "2s");
+    let mut d = Daemon::start(&engine.dir, "d", config);
+    d.ready();
+    let conf = multus_conf(
+        &d,
+        json!({"clusterNetwork": "cl", "multusNamespace": "netops"}),
+    );
+    let ns = Netns::new();
+    let args = pod_args("ns1", "web", "uid-web");
+    ok(&d, &call_with_args("ADD", "ovl-pod-1", &ns, &conf, &args));
+    assert_in(&ns, "eth0", &cluster.subnet);
+    assert_in(&ns, "net1", &blue.subnet);
+    let pod = api.pod("ns1", "web").unwrap();
+    let status: Value = serde_json::from_str(
+        pod["metadata"]["annotations"][NETWORK_STATUS]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let names: Vec<&str> = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["netops/cl", "ns1/blue"]);
+    ok(&d, &call_with_args("DEL", "ovl-pod-1", &ns, &conf, &args));
+    assert!(!ns.has_link("eth0") && !ns.has_link("net1"));
+    assert_eq!(engine.reservations(&cluster.name), Vec::<String>::new());
+    assert_eq!(engine.reservations(&blue.name), Vec::<String>::new());
 }

@@ -207,8 +207,9 @@ impl Config {
 
     /// The networks attached before the requested ones, in order:
     /// clusterNetwork and defaultNetworks, or the delegates.
+    /// Matches the order [`select`] gives.
     pub fn configured_count(&self) -> usize {
-        if self.cluster_network.is_empty() {
+        if self.cluster_network.is_empty() && !self.delegates.is_empty() {
             self.delegates.len()
         } else {
             1 + self.default_networks.len()
@@ -257,7 +258,7 @@ pub fn select(
     runtime_ifname: &str,
     requested: &[Element],
 ) -> Result<Vec<Selected>, Error> {
-    let count = config.configured_count().max(1) + requested.len();
+    let count = config.configured_count() + requested.len();
     if count > MAX_NETWORKS {
         return Err(Error::TooMany { count });
     }
@@ -378,6 +379,36 @@ mod tests {
         let names: Vec<_> = s.iter().map(|s| s.ifname.as_str()).collect();
         assert_eq!(names, ["eth0", "net1", "net2", "fast0", "net4"]);
         assert!(s[0].primary && !s[1].primary);
+    }
+
+    #[test]
+    fn delegates_should_take_the_place_of_cluster_and_default_networks() {
+        let mut config = Config::new("", vec!["d1".into()]);
+        config.delegates = vec![
+            serde_json::json!({"name": "a", "type": "bridge"}),
+            serde_json::json!({"type": "macvlan"}),
+        ];
+        let req = parse_networks("x").unwrap();
+        let s = select(&config, "eth0", &req).unwrap();
+        let got: Vec<_> = s
+            .iter()
+            .map(|s| (s.network.as_str(), s.ifname.as_str(), s.primary, s.inline))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", "eth0", true, Some(0)),
+                ("delegates[1]", "net1", false, Some(1)),
+                ("x", "net2", false, None),
+            ]
+        );
+        assert_eq!(config.configured_count(), 2);
+        config.cluster_network = "cluster".into();
+        assert_eq!(config.configured_count(), 2);
+        let s = select(&config, "eth0", &req).unwrap();
+        assert_eq!(s[0].network, "cluster");
+        assert_eq!(s[1].network, "d1");
+        assert!(s.iter().all(|s| s.inline.is_none()));
     }
 
     #[test]

@@ -283,7 +283,9 @@ impl Config {
             }
             // multus fails every ADD for this; here it is found at start
             // (without clusterNetwork here, on each call that names one).
-            if cluster_network.as_deref().is_some_and(|c| !c.contains('/')) {
+            if cluster_network.as_deref().is_some_and(|c| !c.contains('/'))
+                || (cluster_network.is_none() && !delegates.is_empty())
+            {
                 f.problem(
                     "auxiliaryCNIChainName",
                     "needs clusterNetwork to be a path (the chain's plugins are in \
@@ -773,6 +775,24 @@ mod tests {
         }
         let c = parse(r#"{"clusterNetwork": "flannel", "auxiliaryCNIChainName": ""}"#).unwrap();
         assert_eq!(c.selection.base().auxiliary_chain, None);
+    }
+
+    #[test]
+    fn delegates_should_be_a_list_of_network_configurations() {
+        let c = parse(r#"{"delegates": [{"name": "a", "type": "bridge"}]}"#).unwrap();
+        assert!(c.selection.base().has_networks());
+        assert_eq!(c.selection.base().delegates.len(), 1);
+        assert!(!c.selection.open_keys().contains(&"delegates"));
+        for bad in [r#"{"delegates": "a"}"#, r#"{"delegates": [1]}"#] {
+            assert_eq!(
+                parse(bad).unwrap_err().problems[0].key,
+                "delegates",
+                "{bad}"
+            );
+        }
+        let e =
+            parse(r#"{"delegates": [{"name": "a"}], "auxiliaryCNIChainName": "aux"}"#).unwrap_err();
+        assert_eq!(e.problems[0].key, "auxiliaryCNIChainName");
     }
 
     #[test]

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::{activation, api, cni, duration, k8s, limit, logging, selection, server, trust};
+use crate::{
+    activation, api, cni, duration, k8s, limit, logging, readiness_file, selection, server, trust,
+};
 
 /// Where the daemon looks for its configuration by default.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/plexus/daemon-config.json";
@@ -59,6 +61,7 @@ const KNOWN_KEYS: &[&str] = &[
     "auxiliaryCNIChainName",
     "retryDeleteOnError",
     "readinessindicatorfile",
+    "readinessIndicatorTimeout",
     "kubeconfig",
     "nodeName",
     "kubernetesSyncTimeout",
@@ -163,8 +166,11 @@ pub struct Config {
     pub logging: logging::Config,
     pub lifecycle: Lifecycle,
     pub cni: cni::Config,
-    /// The static networks; `None` when `clusterNetwork` is not set.
-    pub selection: Option<selection::Config>,
+    /// The networks: the file's, and which keys a call's network
+    /// configuration may set (multus's overlay).
+    pub selection: selection::overlay::Overlay,
+    /// The readiness indicator file CNI calls wait for, if any.
+    pub readiness_file: Option<readiness_file::Config>,
     /// The Kubernetes source's settings; whether there is a source at all
     /// is [`k8s::Config::enabled`].
     pub kubernetes: k8s::Config,
@@ -266,9 +272,7 @@ impl Config {
             .into_iter()
             .map(|s| f.network_ref(s))
             .collect();
-        if cluster_network.is_none() && !default_networks.is_empty() {
-            f.problem("defaultNetworks", "needs clusterNetwork to be set as well");
-        }
+        let delegates = f.delegates("delegates");
         let auxiliary_chain = f.string("auxiliaryCNIChainName").filter(|s| !s.is_empty());
         if let Some(name) = &auxiliary_chain {
             if !cni::confdir::is_plugin_dir_name(name) {
@@ -277,8 +281,11 @@ impl Config {
                     format!("{name:?} cannot name a plugin directory"),
                 );
             }
-            // multus fails every ADD for this; here it is found at start.
-            if !cluster_network.as_deref().is_some_and(|c| c.contains('/')) {
+            // multus fails every ADD for this; here it is found at start
+            // (without clusterNetwork here, on each call that names one).
+            if cluster_network.as_deref().is_some_and(|c| !c.contains('/'))
+                || (cluster_network.is_none() && !delegates.is_empty())
+            {
                 f.problem(
                     "auxiliaryCNIChainName",
                     "needs clusterNetwork to be a path (the chain's plugins are in \
@@ -302,6 +309,10 @@ impl Config {
         let global_namespaces = selection::nad::parse_global_namespaces(
             &f.string("globalNamespaces").unwrap_or_default(),
         );
+        let readiness_path = f.path("readinessindicatorfile");
+        let readiness_timeout = f
+            .duration("readinessIndicatorTimeout")
+            .unwrap_or(readiness_file::DEFAULT_TIMEOUT);
         let kubeconfig = f.path("kubeconfig");
         let node_name = match f.string("nodeName").filter(|s| !s.is_empty()) {
             Some(n) => {
@@ -331,6 +342,28 @@ impl Config {
             .path("deviceInfoDir")
             .unwrap_or_else(|| k8s::devices::DEFAULT_DEVICE_INFO_DIR.into());
 
+        // A call's network configuration may set the network keys this
+        // file leaves unset (multus's overlay).
+        let set_here = |key: &str| match raw.get(key) {
+            None | Some(Value::Null) => false,
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(_) => true,
+        };
+        let selection = selection::overlay::Overlay::new(
+            selection::Config {
+                cluster_network: cluster_network.unwrap_or_default(),
+                delegates,
+                default_networks,
+                multus_namespace,
+                system_namespaces,
+                namespace_isolation,
+                global_namespaces,
+                auxiliary_chain,
+                conf_dir: None,
+            },
+            set_here,
+        );
         let unknown_keys = raw
             .keys()
             .filter(|k| !KNOWN_KEYS.contains(&k.as_str()))
@@ -373,14 +406,10 @@ impl Config {
                 device_info_dir: device_info_dir.clone(),
                 cni_dir,
             },
-            selection: cluster_network.map(|cluster_network| selection::Config {
-                cluster_network,
-                default_networks,
-                multus_namespace,
-                system_namespaces,
-                namespace_isolation,
-                global_namespaces,
-                auxiliary_chain,
+            selection,
+            readiness_file: readiness_path.map(|path| readiness_file::Config {
+                path,
+                timeout: readiness_timeout,
             }),
             kubernetes: k8s::Config {
                 kubeconfig,
@@ -409,8 +438,10 @@ pub struct PathScope {
 impl Config {
     /// Checks that no user but root can write the directories the daemon
     /// writes (see [`trust`] for the rule): `socketDir` (per `scope`),
-    /// `stateDir` and multus's `cniDir` when there are networks to record
-    /// (DEL acts on multus's caches), and `logFile`'s directory. Every problem is reported, each naming its key. Blocking.
+    /// `stateDir` and multus's `cniDir` (DEL acts on multus's caches; a
+    /// call's configuration may name networks even when this file names
+    /// none), and `logFile`'s directory. Every problem is reported, each
+    /// naming its key. Blocking.
     pub fn check_paths(&self, scope: PathScope) -> Result<()> {
         let mut problems = Vec::new();
         let mut check = |key: &str, result: std::result::Result<(), trust::Untrusted>| {
@@ -436,16 +467,14 @@ impl Config {
         if scope.socket_dir {
             check("socketDir", trust::check_dir(&self.activation.socket_dir));
         }
-        if self.selection.is_some() {
-            // The records live in `attachments/` below it (cni::record).
-            check(
-                "stateDir",
-                trust::check_dir(&self.cni.state_dir.join("attachments")),
-            );
-            // Its caches name the configurations DEL runs, and DEL removes
-            // and moves files there.
-            check("cniDir", trust::check_dir(&self.cni.cni_dir));
-        }
+        // The records live in `attachments/` below it (cni::record).
+        check(
+            "stateDir",
+            trust::check_dir(&self.cni.state_dir.join("attachments")),
+        );
+        // Its caches name the configurations DEL runs, and DEL removes and
+        // moves files there.
+        check("cniDir", trust::check_dir(&self.cni.cni_dir));
         if let Some(file) = &self.logging.file {
             check("logFile", trust::check_file(file));
         }
@@ -521,6 +550,24 @@ impl Fields<'_> {
             self.resolve(&s).to_string_lossy().into_owned()
         } else {
             s
+        }
+    }
+
+    /// multus's inline network configurations: a list of JSON objects.
+    fn delegates(&mut self, key: &str) -> Vec<Value> {
+        let Some(v) = self.get(key) else {
+            return Vec::new();
+        };
+        match v {
+            Value::Array(items) if items.iter().all(Value::is_object) => items.clone(),
+            other => {
+                let why = format!(
+                    "must be a list of network configurations (JSON objects), found {}",
+                    kind(other)
+                );
+                self.problem(key, why);
+                Vec::new()
+            }
         }
     }
 
@@ -715,20 +762,37 @@ mod tests {
             r#"{"clusterNetwork": "/etc/cni/net.d/10-flannel.conflist", "auxiliaryCNIChainName": "aux-1"}"#,
         )
         .unwrap();
-        assert_eq!(
-            c.selection.unwrap().auxiliary_chain.as_deref(),
-            Some("aux-1")
-        );
+        assert_eq!(c.selection.base().auxiliary_chain.as_deref(), Some("aux-1"));
+        // The call's configuration may name the path (generate-config's
+        // clusterNetwork).
+        parse(r#"{"auxiliaryCNIChainName": "aux"}"#).unwrap();
         for bad in [
             r#"{"clusterNetwork": "flannel", "auxiliaryCNIChainName": "aux"}"#,
-            r#"{"auxiliaryCNIChainName": "aux"}"#,
             r#"{"clusterNetwork": "/etc/cni/net.d/a.conf", "auxiliaryCNIChainName": "../aux"}"#,
         ] {
             let e = parse(bad).unwrap_err();
             assert_eq!(e.problems[0].key, "auxiliaryCNIChainName", "{bad}");
         }
         let c = parse(r#"{"clusterNetwork": "flannel", "auxiliaryCNIChainName": ""}"#).unwrap();
-        assert_eq!(c.selection.unwrap().auxiliary_chain, None);
+        assert_eq!(c.selection.base().auxiliary_chain, None);
+    }
+
+    #[test]
+    fn delegates_should_be_a_list_of_network_configurations() {
+        let c = parse(r#"{"delegates": [{"name": "a", "type": "bridge"}]}"#).unwrap();
+        assert!(c.selection.base().has_networks());
+        assert_eq!(c.selection.base().delegates.len(), 1);
+        assert!(!c.selection.open_keys().contains(&"delegates"));
+        for bad in [r#"{"delegates": "a"}"#, r#"{"delegates": [1]}"#] {
+            assert_eq!(
+                parse(bad).unwrap_err().problems[0].key,
+                "delegates",
+                "{bad}"
+            );
+        }
+        let e =
+            parse(r#"{"delegates": [{"name": "a"}], "auxiliaryCNIChainName": "aux"}"#).unwrap_err();
+        assert_eq!(e.problems[0].key, "auxiliaryCNIChainName");
     }
 
     #[test]
@@ -847,14 +911,22 @@ mod tests {
             vec![PathBuf::from("/a"), PathBuf::from("/srv/plexus/bin")]
         );
         assert_eq!(c.cni.plugin_timeout, Duration::from_secs(5));
-        let sel = c.selection.unwrap();
+        let sel = c.selection.base();
         assert_eq!(sel.cluster_network, "cluster");
         assert_eq!(
             sel.default_networks,
             ["extra", "/srv/plexus/./more.conflist"]
         );
         let defaults = parse("{}").unwrap();
-        assert!(defaults.selection.is_none());
+        assert!(!defaults.selection.base().has_networks());
+        assert_eq!(
+            defaults.selection.open_keys(),
+            selection::overlay::REQUEST_KEYS,
+            "a file without network keys leaves them all to the call"
+        );
+        assert!(!c.selection.open_keys().contains(&"clusterNetwork"));
+        assert!(!c.selection.open_keys().contains(&"confDir"));
+        assert!(c.selection.open_keys().contains(&"multusNamespace"));
         assert_eq!(
             defaults.cni.plugin_timeout,
             crate::cni::DEFAULT_PLUGIN_TIMEOUT

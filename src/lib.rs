@@ -75,6 +75,7 @@ pub mod logging;
 pub mod metrics;
 pub mod names;
 pub mod notify;
+pub mod readiness_file;
 pub mod result;
 pub mod selection;
 pub mod server;

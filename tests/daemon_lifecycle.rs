@@ -362,7 +362,12 @@ fn systemd_socket_activate_should_start_on_first_connection_and_keep_the_node() 
     }
     let dir = TestDir::new("ssa");
     let path = dir.join("plexus.sock");
-    std::fs::write(dir.join("c.json"), "{}").unwrap();
+    // A stateDir of its own: plexusd creates it at start.
+    std::fs::write(
+        dir.join("c.json"),
+        json!({"stateDir": dir.join("state")}).to_string(),
+    )
+    .unwrap();
     let notify_path = dir.join("notify");
     let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
     let mut launcher = Command::new("systemd-socket-activate")

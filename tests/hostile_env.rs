@@ -439,7 +439,11 @@ fn bind_under_umask_000_should_never_let_another_user_connect() {
     let dir = TestDir::new("hostile-umask");
     let sock = mkdir(&dir.join("sock"), 0o755);
     let config = dir.join("c.json");
-    std::fs::write(&config, json!({"socketDir": sock}).to_string()).unwrap();
+    std::fs::write(
+        &config,
+        json!({"socketDir": sock, "stateDir": dir.join("state")}).to_string(),
+    )
+    .unwrap();
     let notify_path = dir.join("notify");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(T)).unwrap();

@@ -26,10 +26,11 @@ fn main() -> ExitCode {
     match &args.command {
         Some(Sub::Show { container_id }) => return show(&config, container_id.as_deref()),
         Some(Sub::GenerateConfig) => {
-            if config.selection.is_none() {
+            if config.selection.base().has_networks() {
                 eprintln!(
-                    "plexusd: warning: {}: clusterNetwork is not set: plexusd serves the \
-                     networks of its own configuration, not the generated file's clusterNetwork",
+                    "plexusd: warning: {}: clusterNetwork is set: plexusd attaches it, not the \
+                     generated file's clusterNetwork (which it uses only when the daemon \
+                     configuration names no cluster network)",
                     config.path.display()
                 );
             }

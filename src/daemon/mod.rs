@@ -14,12 +14,12 @@ use tracing::{error, info, warn};
 
 use crate::activation::{self, OwnedPath, PathState};
 use crate::config::{self, Lifecycle};
-use crate::handler::{Networks, Unconfigured};
+use crate::handler::Networks;
 use crate::limit::{Admission, ConnectionLimit};
 use crate::metrics::Metrics;
 use crate::notify::{self, Notifier};
 use crate::server::{self, Handler, Readiness, Shared};
-use crate::{cni, k8s, logging};
+use crate::{cni, k8s, logging, readiness_file};
 
 /// How a start-up or a run of the daemon ended, for the process's exit
 /// status.
@@ -106,18 +106,13 @@ pub fn main(config: config::Config) -> Exit {
         watchdog,
         metrics: metrics.clone(),
     };
-    let Some(selection) = config.selection.clone() else {
-        warn!("clusterNetwork is not set: CNI calls will fail until it is");
-        return serve(
-            &runtime,
-            config,
-            inherited,
-            prepared,
-            env,
-            Unconfigured,
-            || {},
+    let selection = config.selection.clone();
+    if !selection.base().has_networks() {
+        info!(
+            "clusterNetwork is not set: each call's network configuration must name the \
+             cluster network (clusterNetwork or delegates), as multus's 00-multus.conf does"
         );
-    };
+    }
     // Blocking, on the main thread: creates the state directory.
     let engine = match cni::Engine::new(config.cni.clone(), Some(metrics)) {
         Ok(e) => Arc::new(e),
@@ -148,12 +143,16 @@ pub fn main(config: config::Config) -> Exit {
     } else {
         None
     };
-    let handler = Networks::new(
+    let mut handler = Networks::new(
         engine,
         selection,
         kubernetes,
         config.kubernetes.sync_timeout,
     );
+    if let Some(file) = &config.readiness_file {
+        info!(path = %file.path.display(), timeout = %crate::duration::format(file.timeout), "ADD, STATUS and GC wait for the readiness indicator file");
+        handler = handler.with_readiness_file(readiness_file::Indicator::watch(file.clone()));
+    }
     let check = handler.clone();
     let rt = runtime.handle().clone();
     serve(
@@ -496,6 +495,7 @@ fn status_line<H: Handler>(shared: &Shared<H>) -> String {
         Readiness::Ready => format!("serving: {counts}"),
         Readiness::Starting(why) => format!("starting: {why}; {counts}"),
         Readiness::Degraded(why) => format!("serving, degraded: {why}; {counts}"),
+        Readiness::NotReady(why) => format!("serving, not ready: {why}; {counts}"),
     }
 }
 

@@ -103,6 +103,7 @@ impl Networks {
     pub(super) async fn add_for_pod(
         &self,
         k: &Kubernetes,
+        cfg: &selection::Config,
         inv: &Invocation,
         pod_ref: &PodRef,
         config: &Map<String, Value>,
@@ -132,9 +133,11 @@ impl Networks {
             }
             Err(e) => return Err(api_failure(pod_ref, e)),
         };
-        let mut networks = self.pod_networks(k, inv, pod_ref, &pod, &cap_args).await?;
+        let mut networks = self
+            .pod_networks(k, cfg, inv, pod_ref, &pod, &cap_args)
+            .await?;
         if let Some(mut aux) = self
-            .aux_network(config, networks.len())
+            .aux_network(cfg, config, networks.len())
             .await
             .map_err(failure)?
         {
@@ -212,12 +215,12 @@ impl Networks {
     async fn pod_networks(
         &self,
         k: &Kubernetes,
+        cfg: &selection::Config,
         inv: &Invocation,
         pod_ref: &PodRef,
         pod: &PodInfo,
         cap_args: &Map<String, Value>,
     ) -> Result<Vec<PodNetwork>, Failure> {
-        let cfg = &*self.selection;
         // The CNI_ARGS multus gives every network of a pod (the runtime's
         // other keys are not passed on), plus an element's legacy MAC=/IP=.
         let args_for = |legacy: Vec<(String, String)>| {
@@ -260,14 +263,15 @@ impl Networks {
             requested.iter().map(multus::Selection::element).collect();
         let selected = selection::select(&for_pod, &inv.ifname, &elements)
             .map_err(|e| bad_config(e.to_string()))?;
-        let defaults = for_pod.default_networks.len();
+        // clusterNetwork and defaultNetworks, or the delegates.
+        let configured = for_pod.configured_count();
         let mut devices = PodDevices { pod, devices: None };
         let info_dir = k.source.device_info_dir();
         let mut out = Vec::with_capacity(selected.len());
         for (i, s) in selected.into_iter().enumerate() {
             let network = if let Some(sel) = default_network.as_ref().filter(|_| i == 0) {
                 // Replaces the cluster network; not subject to isolation.
-                let n = self.nad_network(k, sel, &mut devices).await?;
+                let n = self.nad_network(k, cfg, sel, &mut devices).await?;
                 let mut planned = Planned::new(n.list, s.ifname, true);
                 planned.cni_args = Some(args_for(Vec::new()));
                 PodNetwork {
@@ -276,10 +280,11 @@ impl Networks {
                     default_route: sel.default_route.clone(),
                     copy_device_info: None,
                 }
-            } else if i <= defaults {
+            } else if i < configured {
                 // clusterNetwork and defaultNetworks: a NAD of that name
-                // in multusNamespace, else a network in confDir (or a path).
-                let n = self.configured_network(k, &s.network, &mut devices).await?;
+                // in multusNamespace, else a network in confDir (or a
+                // path); or an inline delegate.
+                let n = self.configured_network(k, cfg, &s, &mut devices).await?;
                 let mut planned = Planned::new(n.list, s.ifname, s.primary);
                 planned.cni_args = Some(args_for(Vec::new()));
                 PodNetwork {
@@ -289,7 +294,7 @@ impl Networks {
                     copy_device_info: None,
                 }
             } else {
-                let sel = &requested[i - 1 - defaults];
+                let sel = &requested[i - configured];
                 nad::check_namespace_isolation(
                     cfg.namespace_isolation,
                     &pod.namespace,
@@ -297,7 +302,7 @@ impl Networks {
                     &cfg.global_namespaces,
                 )
                 .map_err(|e| bad_config(e.to_string()))?;
-                let n = self.nad_network(k, sel, &mut devices).await?;
+                let n = self.nad_network(k, cfg, sel, &mut devices).await?;
                 let mut planned = Planned::new(n.list, s.ifname, false);
                 planned.cni_args = Some(args_for(multus::legacy_cni_args(sel)));
                 let rc = multus::runtime_config(
@@ -335,6 +340,7 @@ impl Networks {
     async fn nad_network(
         &self,
         k: &Kubernetes,
+        cfg: &selection::Config,
         sel: &multus::Selection,
         devices: &mut PodDevices<'_>,
     ) -> Result<NadNetwork, Failure> {
@@ -353,7 +359,7 @@ impl Networks {
         // and handed to the pure resolution.
         let file = match &spec {
             Some(_) => None,
-            None if !sel.name.contains('/') => Some(self.engine.load(&sel.name).await),
+            None if !sel.name.contains('/') => Some(self.load_network(cfg, &sel.name).await),
             None => None,
         };
         let delegate = nad::delegate_for_selection(sel, spec.as_deref(), move |_| match file {
@@ -393,19 +399,21 @@ impl Networks {
     async fn configured_network(
         &self,
         k: &Kubernetes,
-        name: &str,
+        cfg: &selection::Config,
+        selected: &selection::Selected,
         devices: &mut PodDevices<'_>,
     ) -> Result<NadNetwork, Failure> {
-        let ns = &self.selection.multus_namespace;
-        if !name.contains('/') && k.source.nad(ns, name).is_some() {
+        let name = &selected.network;
+        let ns = &cfg.multus_namespace;
+        if selected.inline.is_none() && !name.contains('/') && k.source.nad(ns, name).is_some() {
             let sel = multus::Selection {
                 name: name.to_string(),
                 namespace: ns.clone(),
                 ..Default::default()
             };
-            return self.nad_network(k, &sel, devices).await;
+            return self.nad_network(k, cfg, &sel, devices).await;
         }
-        let list = self.engine.load(name).await.map_err(failure)?;
+        let list = self.load_selected(cfg, selected).await.map_err(failure)?;
         let display_name = list.name.clone();
         Ok(NadNetwork {
             list,

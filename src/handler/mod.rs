@@ -11,43 +11,28 @@ use serde_json::{Map, Value};
 
 use crate::api::Command;
 use crate::api::{self, code};
-use crate::cni::types::{self, Invalid, Invocation};
+use crate::cni::types::{self, Invalid, Invocation, NetworkList};
 use crate::cni::{self, Engine, ErrorKind, Planned};
 use crate::k8s;
 
 mod delegate;
 mod kube;
 mod routes_in_pod;
+use crate::readiness_file::Indicator;
 use crate::result;
-use crate::selection;
+use crate::selection::{self, overlay::Overlay};
 use crate::server::{Failure, FailureKind, Handler, Readiness, Reply};
-
-/// Answers every CNI request with "no networks are configured" until the
-/// engine is configured.
-#[derive(Debug, Default)]
-pub struct Unconfigured;
-
-impl Handler for Unconfigured {
-    async fn cni(&self, _request: api::Request) -> Result<Reply, Failure> {
-        Err(Failure::new(
-            FailureKind::Failed,
-            code::INVALID_NETWORK_CONFIG,
-            "no networks are configured: set clusterNetwork in the daemon configuration",
-        ))
-    }
-
-    async fn delegate(&self, request: api::Request) -> Result<Reply, Failure> {
-        self.cni(request).await
-    }
-}
 
 /// Serves `/cni` with the engine, the static network configuration and,
 /// when configured, the Kubernetes source.
 #[derive(Debug, Clone)]
 pub struct Networks {
     engine: Arc<Engine>,
-    selection: Arc<selection::Config>,
+    /// The daemon's networks and the keys a call's configuration may set.
+    selection: Arc<Overlay>,
     kubernetes: Option<Arc<Kubernetes>>,
+    /// The readiness indicator file ADD, STATUS and GC wait for.
+    readiness_file: Option<Indicator>,
 }
 
 /// The Kubernetes source and how long start-up waits for it.
@@ -61,13 +46,14 @@ struct Kubernetes {
 impl Networks {
     pub fn new(
         engine: Arc<Engine>,
-        selection: selection::Config,
+        selection: Overlay,
         kubernetes: Option<k8s::Source>,
         sync_timeout: Duration,
     ) -> Self {
         Self {
             engine,
             selection: Arc::new(selection),
+            readiness_file: None,
             kubernetes: kubernetes.map(|source| {
                 Arc::new(Kubernetes {
                     source,
@@ -77,16 +63,25 @@ impl Networks {
         }
     }
 
-    /// Loads every configured network and locates its plugins, so that a
-    /// broken setup shows in the log at start-up rather than on the first
-    /// ADD. Networks are still read on every call (files may appear
-    /// later), so this only warns; it returns the problems found.
+    /// Makes ADD, STATUS and GC wait for the readiness indicator file.
+    pub fn with_readiness_file(mut self, indicator: Indicator) -> Self {
+        self.readiness_file = Some(indicator);
+        self
+    }
+
+    /// Loads every network of the daemon's configuration and locates its
+    /// plugins, so that a broken setup shows in the log at start-up
+    /// rather than on the first ADD. Networks are still read on every
+    /// call (files may appear later), so this only warns; it returns the
+    /// problems found.
     pub async fn preflight(&self) -> Vec<String> {
         let mut problems = Vec::new();
-        let names = std::iter::once(&self.selection.cluster_network)
-            .chain(self.selection.default_networks.iter());
-        for name in names {
-            match self.engine.load(name).await {
+        let cfg = self.selection.base();
+        if !cfg.has_networks() {
+            return problems;
+        }
+        for list in self.configured_lists(cfg).await {
+            match list {
                 Ok(list) => {
                     if let Err(e) = self.engine.check_plugins(&list).await {
                         problems.push(e.msg);
@@ -101,6 +96,9 @@ impl Networks {
 
 impl Handler for Networks {
     fn readiness(&self) -> Readiness {
+        if let Some(why) = self.readiness_file.as_ref().and_then(Indicator::not_ready) {
+            return Readiness::NotReady(why);
+        }
         let Some(k) = &self.kubernetes else {
             return Readiness::Ready;
         };
@@ -177,6 +175,18 @@ impl Networks {
             inv.arg_pairs = rest;
         }
         let config = parse_config(&request.config)?;
+        // multus's overlay: the call's configuration may name networks
+        // the daemon's leaves open.
+        let cfg = self.selection.effective(&config).map_err(|e| {
+            Failure::new(
+                FailureKind::Failed,
+                code::INVALID_NETWORK_CONFIG,
+                e.to_string(),
+            )
+        })?;
+        if matches!(inv.command, Command::Add | Command::Status | Command::Gc) {
+            self.wait_for_readiness_file().await?;
+        }
         match inv.command {
             Command::Add if self.kubernetes.is_some() => {
                 let pod = k8s::PodRef::from_args(&inv.arg_pairs).map_err(|e| {
@@ -187,17 +197,17 @@ impl Networks {
                     )
                 })?;
                 match (&self.kubernetes, pod) {
-                    (Some(k), Some(pod)) => self.add_for_pod(k, &inv, &pod, &config).await,
+                    (Some(k), Some(pod)) => self.add_for_pod(k, &cfg, &inv, &pod, &config).await,
                     // Not a pod: the static networks.
-                    _ => self.add_static(&inv, &config, &requested).await,
+                    _ => self.add_static(&cfg, &inv, &config, &requested).await,
                 }
             }
-            Command::Add => self.add_static(&inv, &config, &requested).await,
+            Command::Add => self.add_static(&cfg, &inv, &config, &requested).await,
             Command::Del => {
                 let cap_args = capability_args(&config);
                 // Called only when the container's record was damaged:
                 // the networks a runtime without records would DEL.
-                let configured = || self.plan(&inv.ifname, &requested, &config);
+                let configured = || self.plan(&cfg, &inv.ifname, &requested, &config);
                 self.engine
                     .del(&inv, cap_args, configured)
                     .await
@@ -209,15 +219,15 @@ impl Networks {
                 Ok(Reply::Done)
             }
             Command::Status => {
-                let list = self.cluster().await?;
+                let list = self.cluster(&cfg).await?;
                 self.engine.status(&list).await.map_err(failure)?;
                 Ok(Reply::Done)
             }
             Command::Gc => {
                 let valid = valid_attachments(&config)?;
-                let mut lists = vec![self.cluster().await?];
-                for net in &self.selection.default_networks {
-                    lists.push(self.engine.load(net).await.map_err(failure)?);
+                let mut lists = Vec::new();
+                for list in self.configured_lists(&cfg).await {
+                    lists.push(list.map_err(failure)?);
                 }
                 self.engine.gc(&valid, &lists).await.map_err(failure)?;
                 Ok(Reply::Done)
@@ -231,15 +241,36 @@ impl Networks {
         }
     }
 
+    /// Waits (bounded) for the readiness indicator file, if one is
+    /// configured; code 11 when it does not appear in time.
+    async fn wait_for_readiness_file(&self) -> Result<(), Failure> {
+        let Some(indicator) = &self.readiness_file else {
+            return Ok(());
+        };
+        if indicator.wait().await {
+            return Ok(());
+        }
+        Err(Failure::new(
+            FailureKind::Unavailable,
+            code::TRY_AGAIN_LATER,
+            format!(
+                "the readiness indicator file {} did not appear within {}; try again later",
+                indicator.path().display(),
+                crate::duration::format(indicator.timeout())
+            ),
+        ))
+    }
+
     /// ADD of the static networks (and those the call asks for).
     async fn add_static(
         &self,
+        cfg: &selection::Config,
         inv: &Invocation,
         config: &Map<String, Value>,
         requested: &[selection::Element],
     ) -> Result<Reply, Failure> {
         let planned = self
-            .plan(&inv.ifname, requested, config)
+            .plan(cfg, &inv.ifname, requested, config)
             .await
             .map_err(failure)?;
         let res = self
@@ -259,11 +290,12 @@ impl Networks {
     /// every one loaded before anything runs.
     async fn plan(
         &self,
+        cfg: &selection::Config,
         ifname: &str,
         requested: &[selection::Element],
         config: &Map<String, Value>,
     ) -> Result<Vec<Planned>, cni::Error> {
-        let selected = selection::select(&self.selection, ifname, requested).map_err(|e| {
+        let selected = selection::select(cfg, ifname, requested).map_err(|e| {
             cni::Error::new(
                 ErrorKind::Invalid,
                 code::INVALID_NETWORK_CONFIG,
@@ -273,12 +305,12 @@ impl Networks {
         let mut planned = Vec::with_capacity(selected.len());
         for s in selected {
             planned.push(Planned::new(
-                self.engine.load(&s.network).await?,
+                self.load_selected(cfg, &s).await?,
                 s.ifname,
                 s.primary,
             ));
         }
-        if let Some(aux) = self.aux_network(config, planned.len()).await? {
+        if let Some(aux) = self.aux_network(cfg, config, planned.len()).await? {
             planned.push(aux);
         }
         Ok(planned)
@@ -290,10 +322,11 @@ impl Networks {
     /// network-status entry (passthru shows no interface).
     async fn aux_network(
         &self,
+        cfg: &selection::Config,
         config: &Map<String, Value>,
         position: usize,
     ) -> Result<Option<Planned>, cni::Error> {
-        let Some(name) = &self.selection.auxiliary_chain else {
+        let Some(name) = &cfg.auxiliary_chain else {
             return Ok(None);
         };
         let version = config
@@ -302,17 +335,94 @@ impl Networks {
             .unwrap_or(result::LATEST);
         let list = self
             .engine
-            .aux_chain(&self.selection.cluster_network, name, version)
+            .aux_chain(&cfg.cluster_network, name, version)
             .await?;
         Ok(list.map(|l| Planned::new(l, format!("net{position}"), false)))
     }
 
-    async fn cluster(&self) -> Result<cni::types::NetworkList, Failure> {
-        self.engine
-            .load(&self.selection.cluster_network)
+    /// The cluster network: clusterNetwork, else the first delegate.
+    async fn cluster(&self, cfg: &selection::Config) -> Result<NetworkList, Failure> {
+        if cfg.cluster_network.is_empty() {
+            return inline_network(cfg, 0).map_err(failure);
+        }
+        self.load_network(cfg, &cfg.cluster_network)
             .await
             .map_err(failure)
     }
+
+    /// Every network of `cfg` attached before the requested ones:
+    /// clusterNetwork and defaultNetworks, or the delegates.
+    async fn configured_lists(
+        &self,
+        cfg: &selection::Config,
+    ) -> Vec<Result<NetworkList, cni::Error>> {
+        if cfg.cluster_network.is_empty() {
+            return (0..cfg.delegates.len())
+                .map(|i| inline_network(cfg, i))
+                .collect();
+        }
+        let mut out = Vec::with_capacity(1 + cfg.default_networks.len());
+        for name in std::iter::once(&cfg.cluster_network).chain(&cfg.default_networks) {
+            out.push(self.load_network(cfg, name).await);
+        }
+        out
+    }
+
+    /// A selected network's configuration.
+    async fn load_selected(
+        &self,
+        cfg: &selection::Config,
+        s: &selection::Selected,
+    ) -> Result<NetworkList, cni::Error> {
+        match s.inline {
+            Some(i) => inline_network(cfg, i),
+            None => self.load_network(cfg, &s.network).await,
+        }
+    }
+
+    /// A network by name (from the call's confDir, else the daemon's) or
+    /// path.
+    async fn load_network(
+        &self,
+        cfg: &selection::Config,
+        network: &str,
+    ) -> Result<NetworkList, cni::Error> {
+        let Some(dir) = cfg.conf_dir.clone() else {
+            return self.engine.load(network).await;
+        };
+        let owned = network.to_string();
+        tokio::task::spawn_blocking(move || cni::confdir::load_network(&dir, &owned))
+            .await
+            .map_err(|e| {
+                cni::Error::new(
+                    ErrorKind::Internal,
+                    code::INTERNAL,
+                    format!("loading network {network:?}: {e}"),
+                )
+            })?
+            .map_err(|e| {
+                cni::Error::new(
+                    ErrorKind::Invalid,
+                    code::INVALID_NETWORK_CONFIG,
+                    e.to_string(),
+                )
+            })
+    }
+}
+
+/// The `i`th of multus's inline network configurations (`delegates`):
+/// a list when it has `plugins`, else a single plugin.
+fn inline_network(cfg: &selection::Config, i: usize) -> Result<NetworkList, cni::Error> {
+    let invalid =
+        |why: String| cni::Error::new(ErrorKind::Invalid, code::INVALID_NETWORK_CONFIG, why);
+    let value = cfg
+        .delegates
+        .get(i)
+        .ok_or_else(|| invalid(format!("delegates[{i}]: no such delegate")))?;
+    let single = value.get("plugins").is_none();
+    let label = format!("delegates[{i}]");
+    NetworkList::from_value(std::path::Path::new(&label), value.clone(), single)
+        .map_err(|e| invalid(e.to_string()))
 }
 
 /// The runtime's capability arguments (`runtimeConfig`), none when absent.

@@ -14,8 +14,12 @@
 
 pub mod multus;
 pub mod nad;
+pub mod overlay;
 
 use std::fmt;
+use std::path::PathBuf;
+
+use serde_json::Value;
 
 use crate::names::{check_ifname, is_valid_name};
 
@@ -150,8 +154,13 @@ pub fn take_from_args(pairs: &[(String, String)]) -> Result<(Vec<Element>, ArgPa
 /// The static part of the configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Config {
-    /// The cluster network: a network name or a path.
+    /// The cluster network: a network name or a path; empty when none is
+    /// configured (then `delegates` name the networks, or there are none).
     pub cluster_network: String,
+    /// multus's inline network configurations (`delegates`), used only
+    /// when `cluster_network` is empty: the first is the cluster network,
+    /// the others follow it, and `default_networks` are not attached.
+    pub delegates: Vec<Value>,
     /// Networks attached to every container after the cluster network.
     pub default_networks: Vec<String>,
     /// Where NADs named by clusterNetwork, defaultNetworks and the
@@ -167,6 +176,9 @@ pub struct Config {
     /// multus's auxiliary CNI chain (`auxiliaryCNIChainName`), run after
     /// every other network of an ADD; `cluster_network` is then a path.
     pub auxiliary_chain: Option<String>,
+    /// Where network names are looked up (`confDir`) when a call's
+    /// configuration says; `None`: the daemon's.
+    pub conf_dir: Option<PathBuf>,
 }
 
 /// multus's default `multusNamespace` and `systemNamespaces`.
@@ -183,8 +195,36 @@ impl Config {
             namespace_isolation: false,
             global_namespaces: nad::parse_global_namespaces(""),
             auxiliary_chain: None,
+            delegates: Vec::new(),
+            conf_dir: None,
         }
     }
+
+    /// Whether any network is configured: a cluster network or delegates.
+    pub fn has_networks(&self) -> bool {
+        !self.cluster_network.is_empty() || !self.delegates.is_empty()
+    }
+
+    /// The networks attached before the requested ones, in order:
+    /// clusterNetwork and defaultNetworks, or the delegates.
+    /// Matches the order [`select`] gives.
+    pub fn configured_count(&self) -> usize {
+        if self.cluster_network.is_empty() && !self.delegates.is_empty() {
+            self.delegates.len()
+        } else {
+            1 + self.default_networks.len()
+        }
+    }
+}
+
+/// The name a `delegates` entry shows (its `name`, else its position).
+pub fn delegate_name(delegates: &[Value], i: usize) -> String {
+    delegates
+        .get(i)
+        .and_then(|d| d.get("name"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("delegates[{i}]"))
 }
 
 /// One network to attach.
@@ -197,6 +237,8 @@ pub struct Selected {
     pub ifname: String,
     /// The cluster network: its result goes back to the runtime.
     pub primary: bool,
+    /// The position in [`Config::delegates`] of an inline network.
+    pub inline: Option<usize>,
 }
 
 impl Selected {
@@ -209,31 +251,50 @@ impl Selected {
 }
 
 /// Orders the networks of one container and names their interfaces.
+/// Without a cluster network the `delegates` take its place and that of
+/// the default networks, as in multus.
 pub fn select(
     config: &Config,
     runtime_ifname: &str,
     requested: &[Element],
 ) -> Result<Vec<Selected>, Error> {
-    let count = 1 + config.default_networks.len() + requested.len();
+    let count = config.configured_count() + requested.len();
     if count > MAX_NETWORKS {
         return Err(Error::TooMany { count });
     }
-    let mut out: Vec<Selected> =
-        Vec::with_capacity(1 + config.default_networks.len() + requested.len());
-    out.push(Selected {
-        network: config.cluster_network.clone(),
-        namespace: None,
-        ifname: runtime_ifname.to_string(),
-        primary: true,
-    });
-    for net in &config.default_networks {
-        let i = out.len();
+    let mut out: Vec<Selected> = Vec::with_capacity(count);
+    if config.cluster_network.is_empty() && !config.delegates.is_empty() {
+        for i in 0..config.delegates.len() {
+            out.push(Selected {
+                network: delegate_name(&config.delegates, i),
+                namespace: None,
+                ifname: if i == 0 {
+                    runtime_ifname.to_string()
+                } else {
+                    format!("net{i}")
+                },
+                primary: i == 0,
+                inline: Some(i),
+            });
+        }
+    } else {
         out.push(Selected {
-            network: net.clone(),
+            network: config.cluster_network.clone(),
             namespace: None,
-            ifname: format!("net{i}"),
-            primary: false,
+            ifname: runtime_ifname.to_string(),
+            primary: true,
+            inline: None,
         });
+        for net in &config.default_networks {
+            let i = out.len();
+            out.push(Selected {
+                network: net.clone(),
+                namespace: None,
+                ifname: format!("net{i}"),
+                primary: false,
+                inline: None,
+            });
+        }
     }
     for e in requested {
         let i = out.len();
@@ -243,6 +304,7 @@ pub fn select(
             namespace: e.namespace.clone(),
             ifname,
             primary: false,
+            inline: None,
         });
     }
     let mut seen: std::collections::HashMap<&str, usize> =
@@ -317,6 +379,36 @@ mod tests {
         let names: Vec<_> = s.iter().map(|s| s.ifname.as_str()).collect();
         assert_eq!(names, ["eth0", "net1", "net2", "fast0", "net4"]);
         assert!(s[0].primary && !s[1].primary);
+    }
+
+    #[test]
+    fn delegates_should_take_the_place_of_cluster_and_default_networks() {
+        let mut config = Config::new("", vec!["d1".into()]);
+        config.delegates = vec![
+            serde_json::json!({"name": "a", "type": "bridge"}),
+            serde_json::json!({"type": "macvlan"}),
+        ];
+        let req = parse_networks("x").unwrap();
+        let s = select(&config, "eth0", &req).unwrap();
+        let got: Vec<_> = s
+            .iter()
+            .map(|s| (s.network.as_str(), s.ifname.as_str(), s.primary, s.inline))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", "eth0", true, Some(0)),
+                ("delegates[1]", "net1", false, Some(1)),
+                ("x", "net2", false, None),
+            ]
+        );
+        assert_eq!(config.configured_count(), 2);
+        config.cluster_network = "cluster".into();
+        assert_eq!(config.configured_count(), 2);
+        let s = select(&config, "eth0", &req).unwrap();
+        assert_eq!(s[0].network, "cluster");
+        assert_eq!(s[1].network, "d1");
+        assert!(s.iter().all(|s| s.inline.is_none()));
     }
 
     #[test]

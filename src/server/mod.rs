@@ -139,6 +139,9 @@ pub enum Readiness {
     Starting(String),
     /// 200, serving with a limitation it names (in the body and STATUS=).
     Degraded(String),
+    /// 503 (code 11): serving, but calls wait for something outside the
+    /// daemon, which it names (e.g. the readiness indicator file).
+    NotReady(String),
 }
 
 /// State shared by every connection.

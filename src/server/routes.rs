@@ -139,6 +139,11 @@ pub(super) async fn route<H: Handler>(
                         "starting",
                         CniError::new(code::TRY_AGAIN_LATER, why),
                     ),
+                    Readiness::NotReady(why) => fail(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not_ready",
+                        CniError::new(code::TRY_AGAIN_LATER, why),
+                    ),
                     Readiness::Degraded(why) => Outcome::Json(
                         serde_json::json!({ "degraded": why })
                             .to_string()

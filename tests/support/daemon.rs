@@ -117,7 +117,13 @@ impl Daemon {
         env: &[(&str, &str)],
     ) -> Self {
         let cfg = dir.join(&format!("{tag}.json"));
-        fs::write(&cfg, serde_json::to_vec_pretty(config).unwrap()).unwrap();
+        // plexusd creates its stateDir at start: never the host's.
+        let mut config = config.clone();
+        if let Some(obj) = config.as_object_mut() {
+            obj.entry("stateDir")
+                .or_insert_with(|| dir.join("state").to_string_lossy().into());
+        }
+        fs::write(&cfg, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
         let notify_path = dir.join(&format!("{tag}.notify"));
         let _ = fs::remove_file(&notify_path);
         let notify = UnixDatagram::bind(&notify_path).expect("bind notify socket");

@@ -200,6 +200,11 @@ struct MemStore {
     records: Mutex<BTreeMap<String, Record>>,
     damaged: Mutex<BTreeSet<String>>,
     set_aside: Mutex<BTreeSet<String>>,
+    /// While set, a synced save waits for a message (or fails when the
+    /// sender is gone) before it stores anything: a slow disk.
+    slow_sync: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// Synced saves that completed.
+    synced: Mutex<usize>,
 }
 
 impl MemStore {
@@ -226,6 +231,19 @@ impl Records for MemStore {
     fn save(&self, record: &Record, durability: Durability) -> Result<(), record::Error> {
         if record.attachments.is_empty() {
             return self.remove(&record.container_id, durability);
+        }
+        if durability == Durability::Synced {
+            let slow = self.slow_sync.lock().unwrap().take();
+            if let Some(rx) = slow {
+                if rx.recv().is_err() {
+                    return Err(record::Error::Io {
+                        path: PathBuf::from("mem"),
+                        what: "cannot sync the record",
+                        source: std::io::Error::other("the disk went away"),
+                    });
+                }
+            }
+            *self.synced.lock().unwrap() += 1;
         }
         let mut records = self.records.lock().unwrap();
         records.insert(record.container_id.clone(), record.clone());
@@ -1059,4 +1077,58 @@ fn list_dir_names(dir: &Path) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn no_plugin_should_read_its_config_before_the_record_is_synced() {
+    let mut r = rig();
+    let (release, rx) = std::sync::mpsc::channel::<()>();
+    *r.store.slow_sync.lock().unwrap() = Some(rx);
+    let adding = {
+        let engine = r.engine.clone();
+        tokio::spawn(async move {
+            add(
+                &engine,
+                "c1",
+                "eth0",
+                vec![plan(net("n", &["a", "b"]), "eth0", true)],
+            )
+            .await
+        })
+    };
+    r.no_start("a plugin ran before the record was synced")
+        .await;
+    assert!(!adding.is_finished());
+    release.send(()).unwrap();
+    assert_eq!(r.next_start().await.plugin, "a");
+    assert_eq!(r.next_start().await.plugin, "b");
+    adding.await.unwrap().unwrap();
+    assert_eq!(*r.store.synced.lock().unwrap(), 1);
+    assert_eq!(
+        r.store.get("c1").unwrap().attachments[0].delegates[0].state,
+        State::Added
+    );
+
+    // A sync that fails stops the ADD before any plugin ran, and leaves
+    // no record.
+    let (release, rx) = std::sync::mpsc::channel::<()>();
+    *r.store.slow_sync.lock().unwrap() = Some(rx);
+    drop(release);
+    let before = r.runner.calls().len();
+    let e = add(
+        &r.engine,
+        "c2",
+        "eth0",
+        vec![plan(net("n", &["a"]), "eth0", true)],
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("the disk went away"), "{e}");
+    let ran: Vec<_> = r.runner.calls()[before..]
+        .iter()
+        .map(|c| (c.plugin.clone(), c.command))
+        .collect();
+    // Only the rollback's DEL of the network that never started.
+    assert_eq!(ran, [("a".to_string(), "DEL")]);
+    assert!(r.store.get("c2").is_none());
 }

@@ -141,7 +141,16 @@ pub enum ExecError {
         #[source]
         source: io::Error,
     },
+    /// What had to happen before the plugin may read its configuration
+    /// (the record reaching the disk) failed; the plugin was stopped
+    /// before it read anything.
+    #[error("plugin {plugin:?} was stopped before it read its configuration: {why}")]
+    Held { plugin: String, why: String },
 }
+
+/// What must be done before a plugin may read its configuration (see
+/// [`Runner::run_gated`]): `Ok` lets it go on, `Err` stops it.
+pub type Gate = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
 
 impl ExecError {
     /// The CNI error code this failure is reported with.
@@ -151,7 +160,7 @@ impl ExecError {
             ExecError::Failed { error, .. } if error.code == 0 => code::INTERNAL,
             ExecError::Failed { error, .. } => error.code,
             ExecError::InvalidResult { .. } | ExecError::BadError { .. } => code::DECODING_FAILURE,
-            ExecError::Io { .. } => code::IO_FAILURE,
+            ExecError::Io { .. } | ExecError::Held { .. } => code::IO_FAILURE,
             // Hung or slow, not broken: the runtime retries the call.
             ExecError::TimedOut { .. } => code::TRY_AGAIN_LATER,
             _ => code::INTERNAL,
@@ -499,7 +508,7 @@ impl Runner {
         };
         let stdin = br#"{"cniVersion":"1.1.0"}"#.to_vec();
         let out = match self
-            .run_within(plugin, &env, stdin, self.version_timeout)
+            .run_within(plugin, &env, stdin, None, self.version_timeout)
             .await
         {
             Ok(out) => out,
@@ -541,7 +550,27 @@ impl Runner {
         env: &CallEnv,
         stdin: Vec<u8>,
     ) -> Result<Vec<u8>, ExecError> {
-        self.run_within(plugin, env, stdin, self.timeout).await
+        self.run_within(plugin, env, stdin, None, self.timeout)
+            .await
+    }
+
+    /// [`Runner::run`] whose plugin is started at once but given its
+    /// stdin only once `gate` is `Ok`: the process start (exec, the Go
+    /// runtime's start-up, several hundred microseconds) overlaps what the
+    /// gate waits for, and the plugin still acts on nothing before it,
+    /// since a CNI plugin reads its whole configuration before it does
+    /// anything. When `gate` fails, or does not finish within the
+    /// plugin's timeout, the plugin's group is killed and reaped before it
+    /// read a byte.
+    pub async fn run_gated(
+        &self,
+        plugin: &Plugin,
+        env: &CallEnv,
+        stdin: Vec<u8>,
+        gate: Gate,
+    ) -> Result<Vec<u8>, ExecError> {
+        self.run_within(plugin, env, stdin, Some(gate), self.timeout)
+            .await
     }
 
     /// [`Runner::run`] with its own deadline.
@@ -550,10 +579,11 @@ impl Runner {
         plugin: &Plugin,
         env: &CallEnv,
         stdin: Vec<u8>,
+        gate: Option<Gate>,
         timeout: Duration,
     ) -> Result<Vec<u8>, ExecError> {
         let started = std::time::Instant::now();
-        let out = self.run_once(plugin, env, stdin, timeout).await;
+        let out = self.run_once(plugin, env, stdin, gate, timeout).await;
         if let Some(m) = &self.metrics {
             let outcome = match &out {
                 Ok(_) => "success",
@@ -579,10 +609,28 @@ impl Runner {
         plugin: &Plugin,
         env: &CallEnv,
         stdin: Vec<u8>,
+        gate: Option<Gate>,
         timeout: Duration,
     ) -> Result<Vec<u8>, ExecError> {
         let cmd = self.command(plugin, env);
         let process = Process::start(cmd, plugin, self.journal_for(env)).await?;
+        if let Some(gate) = gate {
+            let why = match tokio::time::timeout(timeout, gate).await {
+                Ok(Ok(())) => None,
+                Ok(Err(why)) => Some(why),
+                Err(_) => Some(format!(
+                    "not done within {}",
+                    crate::duration::format(timeout)
+                )),
+            };
+            if let Some(why) = why {
+                process.stop().await;
+                return Err(ExecError::Held {
+                    plugin: plugin.name.clone(),
+                    why,
+                });
+            }
+        }
         let ended = process.run(stdin, timeout).await;
         if !ended.drained {
             tracing::debug!(
@@ -686,6 +734,24 @@ impl Process {
             stdin,
             output: Output::new(stdout, stderr),
         })
+    }
+
+    /// Kills the plugin's group before it was given any input, and reaps
+    /// it.
+    async fn stop(self) {
+        let Process {
+            mut child,
+            mut reaper,
+            stdin,
+            output,
+        } = self;
+        drop(stdin);
+        let pid = child.id();
+        kill_group(pid);
+        wait_exit(pid).await;
+        let _ = reaper.reap(&mut child);
+        drop(output.close());
+        reaper.finish().await;
     }
 
     /// Gives the plugin `input` and reads its output until it exits, or
@@ -1304,6 +1370,72 @@ mod tests {
         );
         assert_eq!(String::from_utf8_lossy(&out), expect);
         assert!(matches!(r.find("missing"), Err(ExecError::NotFound { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_gated_plugin_should_start_at_once_and_read_nothing_before_the_gate() {
+        let dir = tempfile::tempdir().unwrap();
+        let started = dir.path().join("started");
+        let got = dir.path().join("got");
+        script(
+            dir.path(),
+            "gated",
+            &format!(
+                "echo $$ > {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
+                s = started.display(),
+                g = got.display()
+            ),
+        );
+        let r = Arc::new(Runner::new(
+            vec![dir.path().into()],
+            Duration::from_secs(10),
+            None,
+        ));
+        let wait_for = |path: &Path| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !path.exists() {
+                assert!(std::time::Instant::now() < deadline, "{path:?} never came");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        for open in [true, false] {
+            let _ = std::fs::remove_file(&started);
+            let (tx, rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
+            let gate: Gate = Box::pin(async move { rx.await.unwrap_or(Err("dropped".into())) });
+            let run = {
+                let r = r.clone();
+                tokio::spawn(async move {
+                    let plugin = r.find("gated").unwrap();
+                    r.run_gated(&plugin, &env(), b"config".to_vec(), gate).await
+                })
+            };
+            // The process runs before the gate opens, blocked on its stdin.
+            let started_c = started.clone();
+            tokio::task::spawn_blocking(move || wait_for(&started_c))
+                .await
+                .unwrap();
+            assert!(!got.exists(), "the plugin read its stdin before the gate");
+            let pid: i32 = std::fs::read_to_string(&started)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            if open {
+                tx.send(Ok(())).unwrap();
+                assert_eq!(run.await.unwrap().unwrap(), b"{\"cniVersion\":\"1.0.0\"}\n");
+                assert_eq!(std::fs::read(&got).unwrap(), b"config");
+                std::fs::remove_file(&got).unwrap();
+            } else {
+                tx.send(Err("the disk is full".into())).unwrap();
+                let e = run.await.unwrap().unwrap_err();
+                assert!(matches!(e, ExecError::Held { .. }), "{e}");
+                assert!(e.to_string().contains("the disk is full"), "{e}");
+                assert_eq!(e.code(), code::IO_FAILURE);
+                // Stopped and reaped without reading anything.
+                assert!(!got.exists());
+                assert!(!Path::new(&format!("/proc/{pid}")).exists(), "not reaped");
+            }
+        }
     }
 
     #[tokio::test]

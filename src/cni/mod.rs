@@ -57,7 +57,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
-use self::exec::{CallEnv, ExecError, Group, Plugin, Runner};
+use self::exec::{CallEnv, ExecError, Gate, Group, Plugin, Runner};
 use self::multus_cache::{Caches, Multus};
 use self::parts::{PluginRunner, Records};
 use self::record::{
@@ -681,12 +681,17 @@ impl Engine {
         prepared: &Prepared,
         env: &CallEnv,
         cap_args: &Map<String, Value>,
+        mut gate: Option<Gate>,
     ) -> Result<Value, (Error, Option<Value>)> {
         let mut prev: Option<Value> = None;
         for (i, (plugin, version)) in prepared.plugins.iter().enumerate() {
             let prev_here = prev.as_ref().and_then(|p| convert_for(p, version));
             let stdin = stdin_for(list, i, version, Command::Add, prev_here, cap_args);
-            let out = match self.runner.run(plugin, env, stdin).await {
+            let run = match gate.take() {
+                Some(gate) => self.runner.run_gated(plugin, env, stdin, gate).await,
+                None => self.runner.run(plugin, env, stdin).await,
+            };
+            let out = match run {
                 Ok(out) => out,
                 Err(e) => return Err((Error::plugin(Command::Add, &list.name, e), prev)),
             };
@@ -795,6 +800,22 @@ impl Engine {
                 tracing::warn!(file = %path.display(), cause = %e, "cannot remove a device-info file")
             }
         }
+    }
+
+    /// Writes `record` with [`Durability::Synced`] on the blocking pool
+    /// without waiting for it: what [`Synced::gate`] and [`Synced::done`]
+    /// wait for.
+    fn save_synced_in_background(&self, record: &Record) -> Synced {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let store = self.store.clone();
+        let record = record.clone();
+        tokio::task::spawn_blocking(move || {
+            let r = store
+                .save(&record, Durability::Synced)
+                .map_err(|e| e.to_string());
+            let _ = tx.send(Some(r));
+        });
+        Synced(rx)
     }
 
     async fn save_record(&self, record: &Record, durability: Durability) -> Result<(), Error> {
@@ -910,9 +931,10 @@ impl Engine {
 
         for (i, (p, prep)) in planned.iter().zip(&prepared).enumerate() {
             record.attachments[slot].delegates[i].state = State::Adding;
-            if let Err(e) = self.save_record(&record, Durability::Synced).await {
-                return Err(self.roll_back(inv, &mut record, slot, i, None, e).await);
-            }
+            // The record must be on disk before this network's first
+            // plugin reads its configuration; its write and syncs run
+            // while that plugin starts (see docs/records.md).
+            let synced = self.save_synced_in_background(&record);
             let env = self.call_env(
                 Command::Add,
                 inv,
@@ -924,7 +946,15 @@ impl Engine {
                 .capability_args
                 .clone()
                 .unwrap_or_else(|| cap_args.clone());
-            match self.add_chain(&p.list, prep, &env, &args).await {
+            let added = self
+                .add_chain(&p.list, prep, &env, &args, Some(synced.gate()))
+                .await;
+            // Nothing writes the record again before its sync is done.
+            if let Err(e) = synced.done().await {
+                let partial = added.err().and_then(|(_, partial)| partial);
+                return Err(self.roll_back(inv, &mut record, slot, i, partial, e).await);
+            }
+            match added {
                 Ok(res) => {
                     let d = &mut record.attachments[slot].delegates[i];
                     d.state = State::Added;
@@ -1642,6 +1672,38 @@ fn recorded_capabilities(list: &NetworkList, own: Map<String, Value>) -> Map<Str
         kept.insert("CNIDeviceInfoFile".into(), file);
     }
     kept
+}
+
+/// A synced record write in progress (see
+/// [`Engine::save_synced_in_background`]).
+struct Synced(tokio::sync::watch::Receiver<Option<Result<(), String>>>);
+
+impl Synced {
+    /// Its outcome; an error when the write failed or was lost.
+    async fn wait(
+        mut rx: tokio::sync::watch::Receiver<Option<Result<(), String>>>,
+    ) -> Result<(), String> {
+        match rx.wait_for(Option::is_some).await {
+            Ok(done) => done.clone().unwrap_or(Ok(())),
+            Err(_) => Err("the record write was lost".into()),
+        }
+    }
+
+    /// For the plugin that must not read its configuration before it.
+    fn gate(&self) -> Gate {
+        Box::pin(Self::wait(self.0.clone()))
+    }
+
+    /// Waits for the write to be on disk.
+    async fn done(self) -> Result<(), Error> {
+        Self::wait(self.0).await.map_err(|why| {
+            Error::new(
+                ErrorKind::Internal,
+                code::IO_FAILURE,
+                format!("cannot write the attachment record: {why}"),
+            )
+        })
+    }
 }
 
 /// Runs blocking file work off the async runtime.

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::exec::{CallEnv, ExecError, Plugin, Runner};
+use super::exec::{CallEnv, ExecError, Gate, Plugin, Runner};
 use super::record::{self, Durability, Record, Store};
 
 /// A future a trait object can return.
@@ -41,6 +41,24 @@ pub trait PluginRunner: Send + Sync + fmt::Debug + 'static {
         env: &'a CallEnv,
         stdin: Vec<u8>,
     ) -> BoxFuture<'a, Result<Vec<u8>, ExecError>>;
+
+    /// Runs `plugin` once `gate` is `Ok` (see [`Runner::run_gated`], which
+    /// starts the process before); fails without running it otherwise.
+    fn run_gated<'a>(
+        &'a self,
+        plugin: &'a Plugin,
+        env: &'a CallEnv,
+        stdin: Vec<u8>,
+        gate: Gate,
+    ) -> BoxFuture<'a, Result<Vec<u8>, ExecError>> {
+        Box::pin(async move {
+            gate.await.map_err(|why| ExecError::Held {
+                plugin: plugin.name.clone(),
+                why,
+            })?;
+            self.run(plugin, env, stdin).await
+        })
+    }
 }
 
 impl PluginRunner for Runner {
@@ -59,6 +77,16 @@ impl PluginRunner for Runner {
         stdin: Vec<u8>,
     ) -> BoxFuture<'a, Result<Vec<u8>, ExecError>> {
         Box::pin(Runner::run(self, plugin, env, stdin))
+    }
+
+    fn run_gated<'a>(
+        &'a self,
+        plugin: &'a Plugin,
+        env: &'a CallEnv,
+        stdin: Vec<u8>,
+        gate: Gate,
+    ) -> BoxFuture<'a, Result<Vec<u8>, ExecError>> {
+        Box::pin(Runner::run_gated(self, plugin, env, stdin, gate))
     }
 }
 

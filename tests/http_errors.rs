@@ -186,7 +186,8 @@ fn metrics_should_count_requests_by_endpoint_command_and_outcome() {
     assert_eq!(r.status, 200);
     let text = r.body_str();
     for needle in [
-        r#"plexus_requests_total{endpoint="/cni",command="DEL",outcome="error"} 1"#,
+        // A DEL without CNI_CONTAINERID: refused as invalid.
+        r#"plexus_requests_total{endpoint="/cni",command="DEL",outcome="invalid"} 1"#,
         r#"plexus_requests_total{endpoint="NotFound",command="",outcome="not_found"} 1"#,
         r#"plexus_request_duration_seconds_count{endpoint="/cni",command="DEL"} 1"#,
         "plexus_requests_in_flight 0",

@@ -37,6 +37,8 @@ impl Plexus {
         let mut cfg = serde_json::json!({
             "socketDir": work.join("sock"),
             "logLevel": "debug",
+            // plexusd creates its stateDir at start: one the unit may write.
+            "stateDir": work.join("state/plexus"),
         });
         for (k, v) in config.as_object().expect("config object") {
             cfg[k] = v.clone();

@@ -50,7 +50,7 @@ pub mod types;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -266,6 +266,8 @@ pub struct Engine {
     kill_group: KillGroup,
     /// multus's caches (see [`multus_cache`]).
     multus: Arc<Caches>,
+    /// Network configurations read earlier, re-read when their files change.
+    confs: Arc<confdir::Cache>,
     containers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Every operation on a container takes it shared; only the plugins'
     /// GC phase takes it exclusively (see [`Engine::gc`]).
@@ -375,6 +377,7 @@ impl Engine {
             markers,
             kill_group,
             multus: Arc::new(Caches::new(&config.cni_dir)),
+            confs: Arc::new(confdir::Cache::new()),
             config,
             containers: Mutex::new(HashMap::new()),
             gc_lock: RwLock::new(()),
@@ -439,9 +442,17 @@ impl Engine {
 
     /// Loads a network by name (from `confDir`) or path.
     pub async fn load(&self, network: &str) -> Result<NetworkList, Error> {
-        let dir = self.config.conf_dir.clone();
+        self.load_in(&self.config.conf_dir, network).await
+    }
+
+    /// Loads a network by name from `conf_dir`, or by path. The files are
+    /// read again only when they changed since the last load of the same
+    /// network (see [`confdir::Cache`]).
+    pub async fn load_in(&self, conf_dir: &Path, network: &str) -> Result<NetworkList, Error> {
+        let confs = self.confs.clone();
+        let dir = conf_dir.to_path_buf();
         let network = network.to_string();
-        blocking(move || confdir::load_network(&dir, &network))
+        blocking(move || confs.load(&dir, &network))
             .await?
             .map_err(Error::config)
     }

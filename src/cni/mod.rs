@@ -293,6 +293,9 @@ struct Loaded {
     record: Option<Record>,
     /// The record was damaged and has just been moved aside.
     set_aside: bool,
+    /// Plugins located in the same trip to the blocking pool (see
+    /// [`Engine::lock_op_finding`]); the others are looked up when needed.
+    found: Vec<Plugin>,
 }
 
 /// Holds one container's lock; forgets the lock when nobody else waits.
@@ -489,16 +492,29 @@ impl Engine {
         id: &str,
         netns: Option<(Command, &str)>,
     ) -> Result<(OpLock<'_>, Loaded), Error> {
+        self.lock_op_finding(id, netns, Vec::new()).await
+    }
+
+    /// [`Engine::lock_op`] that also locates `plugins` (by type) in the
+    /// same trip, once the locks are held; a plugin not found there is
+    /// looked up again, and its error reported, by [`Engine::prepare`].
+    async fn lock_op_finding(
+        &self,
+        id: &str,
+        netns: Option<(Command, &str)>,
+        plugins: Vec<String>,
+    ) -> Result<(OpLock<'_>, Loaded), Error> {
         let gc = self.gc_lock.read().await;
         let container = self.lock_container(id).await;
         let locks = self.locks.clone();
         let markers = self.markers.clone();
         let store = self.store.clone();
+        let runner = self.runner.clone();
         let cid = id.to_string();
         let netns = netns
             .filter(|(_, path)| !path.is_empty())
             .map(|(command, path)| (command, path.to_string()));
-        let (gc_file, file, stale, loaded) = blocking(move || -> Result<_, Error> {
+        let (gc_file, file, stale, loaded, found) = blocking(move || -> Result<_, Error> {
             if let Some((command, path)) = &netns {
                 check_netns_now(*command, path)?;
             }
@@ -506,10 +522,12 @@ impl Engine {
             let file = locks.lock(&cid).map_err(Error::record)?;
             let stale = markers.of(&cid, &file).map_err(Error::record)?;
             let loaded = load_now(store.as_ref(), &cid).map_err(Error::record)?;
-            Ok((gc_file, file, stale, loaded))
+            let found: Vec<Plugin> = plugins.iter().filter_map(|p| runner.find(p).ok()).collect();
+            Ok((gc_file, file, stale, loaded, found))
         })
         .await??;
-        let loaded = loaded_logged(id, loaded);
+        let mut loaded = loaded_logged(id, loaded);
+        loaded.found = found;
         let file = match stale {
             None => file,
             Some(_) => {
@@ -645,10 +663,26 @@ impl Engine {
 
     /// Locates every plugin of `list` and picks its version.
     async fn prepare(&self, list: &NetworkList, command: Command) -> Result<Prepared, Error> {
+        self.prepare_with(list, command, &[]).await
+    }
+
+    /// [`Engine::prepare`] taking the plugins in `found` as located (in
+    /// this call, by [`Engine::lock_op_finding`]).
+    async fn prepare_with(
+        &self,
+        list: &NetworkList,
+        command: Command,
+        found: &[Plugin],
+    ) -> Result<Prepared, Error> {
         let candidates = Self::candidates(list)?;
         let mut plugins = Vec::with_capacity(list.plugins.len());
         for i in 0..list.plugins.len() {
-            let plugin = self.find(list.plugin_type(i)).await.map_err(|e| {
+            let kind = list.plugin_type(i);
+            let located = match found.iter().find(|p| p.name == kind) {
+                Some(p) => Ok(p.clone()),
+                None => self.find(kind).await,
+            };
+            let plugin = located.map_err(|e| {
                 let mut err = Error::plugin(command, &list.name, e);
                 err.kind = ErrorKind::Invalid;
                 err
@@ -842,9 +876,19 @@ impl Engine {
         planned: Vec<Planned>,
     ) -> Result<Vec<AddedNetwork>, Error> {
         // Before anything runs, so the rollback of a failed ADD, too, only
-        // ever runs in a namespace that passed.
+        // ever runs in a namespace that passed. The plugins are located
+        // in the same trip to the blocking pool.
+        let mut plugins: Vec<String> = Vec::new();
+        for p in &planned {
+            for i in 0..p.list.plugins.len() {
+                let kind = p.list.plugin_type(i);
+                if !plugins.iter().any(|k| k == kind) {
+                    plugins.push(kind.to_string());
+                }
+            }
+        }
         let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Add, &inv.netns)))
+            .lock_op_finding(&inv.container_id, Some((Command::Add, &inv.netns)), plugins)
             .await?;
         let out = self.add_locked(inv, cap_args, planned, loaded, None).await;
         self.unlock(&inv.container_id, lock).await;
@@ -862,7 +906,10 @@ impl Engine {
         // Everything that can be checked before running anything is.
         let mut prepared = Vec::with_capacity(planned.len());
         for p in &planned {
-            prepared.push(self.prepare(&p.list, Command::Add).await?);
+            prepared.push(
+                self.prepare_with(&p.list, Command::Add, &loaded.found)
+                    .await?,
+            );
         }
         let mut record = loaded
             .record
@@ -1612,6 +1659,7 @@ fn loaded_logged(id: &str, (record, moved): (Option<Record>, Option<SetAside>)) 
     Loaded {
         record,
         set_aside: moved.is_some(),
+        found: Vec::new(),
     }
 }
 

@@ -294,8 +294,18 @@ struct Loaded {
     /// The record was damaged and has just been moved aside.
     set_aside: bool,
     /// Plugins located in the same trip to the blocking pool (see
-    /// [`Engine::lock_op_finding`]); the others are looked up when needed.
+    /// [`Engine::lock_op_with`]); the others are looked up when needed.
     found: Vec<Plugin>,
+    /// For a DEL of a container without a record, what else decides what
+    /// it does, read in the same trip (see [`Engine::lock_op_with`]).
+    unrecorded: Option<Unrecorded>,
+}
+
+/// A container without a record of its own: multus's delegate cache for
+/// it, and whether a damaged record of it was ever set aside.
+struct Unrecorded {
+    multus: Multus,
+    was_set_aside: bool,
 }
 
 /// Holds one container's lock; forgets the lock when nobody else waits.
@@ -492,17 +502,22 @@ impl Engine {
         id: &str,
         netns: Option<(Command, &str)>,
     ) -> Result<(OpLock<'_>, Loaded), Error> {
-        self.lock_op_finding(id, netns, Vec::new()).await
+        self.lock_op_with(id, netns, Vec::new(), false).await
     }
 
-    /// [`Engine::lock_op`] that also locates `plugins` (by type) in the
-    /// same trip, once the locks are held; a plugin not found there is
-    /// looked up again, and its error reported, by [`Engine::prepare`].
-    async fn lock_op_finding(
+    /// [`Engine::lock_op`] that also, in the same trip and once the locks
+    /// are held, locates `plugins` (by type; a plugin not found there is
+    /// looked up again, and its error reported, by [`Engine::prepare`])
+    /// and, with `unrecorded`, when the container has no record, reads
+    /// multus's delegate cache for it and whether a record of it was set
+    /// aside (a DEL needs both then; a damaged cache is left to
+    /// [`Engine::load_multus`], which moves it aside).
+    async fn lock_op_with(
         &self,
         id: &str,
         netns: Option<(Command, &str)>,
         plugins: Vec<String>,
+        unrecorded: bool,
     ) -> Result<(OpLock<'_>, Loaded), Error> {
         let gc = self.gc_lock.read().await;
         let container = self.lock_container(id).await;
@@ -510,24 +525,42 @@ impl Engine {
         let markers = self.markers.clone();
         let store = self.store.clone();
         let runner = self.runner.clone();
+        let multus = self.multus.clone();
         let cid = id.to_string();
         let netns = netns
             .filter(|(_, path)| !path.is_empty())
             .map(|(command, path)| (command, path.to_string()));
-        let (gc_file, file, stale, loaded, found) = blocking(move || -> Result<_, Error> {
-            if let Some((command, path)) = &netns {
-                check_netns_now(*command, path)?;
-            }
-            let gc_file = locks.gc_shared().map_err(Error::record)?;
-            let file = locks.lock(&cid).map_err(Error::record)?;
-            let stale = markers.of(&cid, &file).map_err(Error::record)?;
-            let loaded = load_now(store.as_ref(), &cid).map_err(Error::record)?;
-            let found: Vec<Plugin> = plugins.iter().filter_map(|p| runner.find(p).ok()).collect();
-            Ok((gc_file, file, stale, loaded, found))
-        })
-        .await??;
+        let (gc_file, file, stale, loaded, found, probed) =
+            blocking(move || -> Result<_, Error> {
+                if let Some((command, path)) = &netns {
+                    check_netns_now(*command, path)?;
+                }
+                let gc_file = locks.gc_shared().map_err(Error::record)?;
+                let file = locks.lock(&cid).map_err(Error::record)?;
+                let stale = markers.of(&cid, &file).map_err(Error::record)?;
+                let loaded = load_now(store.as_ref(), &cid).map_err(Error::record)?;
+                let found: Vec<Plugin> =
+                    plugins.iter().filter_map(|p| runner.find(p).ok()).collect();
+                let probed = match (&loaded, unrecorded) {
+                    ((None, None), true) => {
+                        let multus = match multus.load(&cid) {
+                            Ok(Some(d)) => Some(Multus::Delegates(d)),
+                            Ok(None) => Some(Multus::Nothing),
+                            Err(_) => None,
+                        };
+                        multus.map(|multus| Unrecorded {
+                            multus,
+                            was_set_aside: store.was_set_aside(&cid),
+                        })
+                    }
+                    _ => None,
+                };
+                Ok((gc_file, file, stale, loaded, found, probed))
+            })
+            .await??;
         let mut loaded = loaded_logged(id, loaded);
         loaded.found = found;
+        loaded.unrecorded = probed;
         let file = match stale {
             None => file,
             Some(_) => {
@@ -667,7 +700,7 @@ impl Engine {
     }
 
     /// [`Engine::prepare`] taking the plugins in `found` as located (in
-    /// this call, by [`Engine::lock_op_finding`]).
+    /// this call, by [`Engine::lock_op_with`]).
     async fn prepare_with(
         &self,
         list: &NetworkList,
@@ -888,7 +921,12 @@ impl Engine {
             }
         }
         let (lock, loaded) = self
-            .lock_op_finding(&inv.container_id, Some((Command::Add, &inv.netns)), plugins)
+            .lock_op_with(
+                &inv.container_id,
+                Some((Command::Add, &inv.netns)),
+                plugins,
+                false,
+            )
             .await?;
         let out = self.add_locked(inv, cap_args, planned, loaded, None).await;
         self.unlock(&inv.container_id, lock).await;
@@ -1091,7 +1129,12 @@ impl Engine {
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
     {
         let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Del, &inv.netns)))
+            .lock_op_with(
+                &inv.container_id,
+                Some((Command::Del, &inv.netns)),
+                Vec::new(),
+                true,
+            )
             .await?;
         let out = self.del_or_fall_back(inv, cap_args, fallback, loaded).await;
         self.unlock(&inv.container_id, lock).await;
@@ -1115,18 +1158,26 @@ impl Engine {
         let hot_plugged = record.hot_plugged(&inv.ifname);
         if record.attachment(&inv.ifname).is_none() && hot_plugged.is_empty() {
             // A container multus attached before plexusd took over.
-            let multus = self.load_multus(&inv.container_id).await?;
+            let (multus, was_set_aside) = match loaded.unrecorded {
+                Some(u) => (u.multus, Some(u.was_set_aside)),
+                None => (self.load_multus(&inv.container_id).await?, None),
+            };
             if let Multus::Delegates(delegates) = &multus {
                 tracing::info!(container_id = %inv.container_id, ifname = %inv.ifname, networks = delegates.len(), "no record of its own: DEL runs the networks multus cached for the container");
                 return self
                     .del_multus(inv, &inv.netns, &inv.ifname, delegates, &cap_args)
                     .await;
             }
-            let lost = loaded.set_aside || matches!(multus, Multus::SetAside) || {
-                let store = self.store.clone();
-                let cid = inv.container_id.clone();
-                blocking(move || store.was_set_aside(&cid)).await?
-            };
+            let lost = loaded.set_aside
+                || matches!(multus, Multus::SetAside)
+                || match was_set_aside {
+                    Some(known) => known,
+                    None => {
+                        let store = self.store.clone();
+                        let cid = inv.container_id.clone();
+                        blocking(move || store.was_set_aside(&cid)).await?
+                    }
+                };
             if !lost {
                 return Ok(());
             }
@@ -1660,6 +1711,7 @@ fn loaded_logged(id: &str, (record, moved): (Option<Record>, Option<SetAside>)) 
         record,
         set_aside: moved.is_some(),
         found: Vec::new(),
+        unrecorded: None,
     }
 }
 

@@ -306,3 +306,34 @@ pub fn children_cpu() -> Duration {
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
+
+/// Run time so far of each thread of process `pid`, in nanoseconds
+/// (`/proc/<pid>/task/<tid>/schedstat`: exact, where `/proc/<pid>/stat`
+/// counts clock ticks).
+pub fn thread_times(pid: i32) -> Vec<(u32, u64)> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let tid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let text = fs::read_to_string(e.path().join("schedstat")).ok()?;
+        let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+        Some((tid, ns))
+    })
+    .collect()
+}
+
+/// CPU a process's threads used between two [`thread_times`] readings:
+/// threads started in between count whole; those that ended in between
+/// are missed (plexusd's pool threads live on for seconds when idle).
+pub fn threads_cpu_between(before: &[(u32, u64)], after: &[(u32, u64)]) -> Duration {
+    let ns: u64 = after
+        .iter()
+        .map(|(tid, t)| {
+            let was = before.iter().find(|(b, _)| b == tid).map_or(0, |(_, v)| *v);
+            t.saturating_sub(was)
+        })
+        .sum();
+    Duration::from_nanos(ns)
+}

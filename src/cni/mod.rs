@@ -50,7 +50,7 @@ pub mod types;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -266,6 +266,8 @@ pub struct Engine {
     kill_group: KillGroup,
     /// multus's caches (see [`multus_cache`]).
     multus: Arc<Caches>,
+    /// Network configurations read earlier, re-read when their files change.
+    confs: Arc<confdir::Cache>,
     containers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Every operation on a container takes it shared; only the plugins'
     /// GC phase takes it exclusively (see [`Engine::gc`]).
@@ -291,6 +293,19 @@ struct Loaded {
     record: Option<Record>,
     /// The record was damaged and has just been moved aside.
     set_aside: bool,
+    /// Plugins located in the same trip to the blocking pool (see
+    /// [`Engine::lock_op_with`]); the others are looked up when needed.
+    found: Vec<Plugin>,
+    /// For a DEL of a container without a record, what else decides what
+    /// it does, read in the same trip (see [`Engine::lock_op_with`]).
+    unrecorded: Option<Unrecorded>,
+}
+
+/// A container without a record of its own: multus's delegate cache for
+/// it, and whether a damaged record of it was ever set aside.
+struct Unrecorded {
+    multus: Multus,
+    was_set_aside: bool,
 }
 
 /// Holds one container's lock; forgets the lock when nobody else waits.
@@ -375,6 +390,7 @@ impl Engine {
             markers,
             kill_group,
             multus: Arc::new(Caches::new(&config.cni_dir)),
+            confs: Arc::new(confdir::Cache::new()),
             config,
             containers: Mutex::new(HashMap::new()),
             gc_lock: RwLock::new(()),
@@ -439,9 +455,17 @@ impl Engine {
 
     /// Loads a network by name (from `confDir`) or path.
     pub async fn load(&self, network: &str) -> Result<NetworkList, Error> {
-        let dir = self.config.conf_dir.clone();
+        self.load_in(&self.config.conf_dir, network).await
+    }
+
+    /// Loads a network by name from `conf_dir`, or by path. The files are
+    /// read again only when they changed since the last load of the same
+    /// network (see [`confdir::Cache`]).
+    pub async fn load_in(&self, conf_dir: &Path, network: &str) -> Result<NetworkList, Error> {
+        let confs = self.confs.clone();
+        let dir = conf_dir.to_path_buf();
         let network = network.to_string();
-        blocking(move || confdir::load_network(&dir, &network))
+        blocking(move || confs.load(&dir, &network))
             .await?
             .map_err(Error::config)
     }
@@ -478,27 +502,65 @@ impl Engine {
         id: &str,
         netns: Option<(Command, &str)>,
     ) -> Result<(OpLock<'_>, Loaded), Error> {
+        self.lock_op_with(id, netns, Vec::new(), false).await
+    }
+
+    /// [`Engine::lock_op`] that also, in the same trip and once the locks
+    /// are held, locates `plugins` (by type; a plugin not found there is
+    /// looked up again, and its error reported, by [`Engine::prepare`])
+    /// and, with `unrecorded`, when the container has no record, reads
+    /// multus's delegate cache for it and whether a record of it was set
+    /// aside (a DEL needs both then; a damaged cache is left to
+    /// [`Engine::load_multus`], which moves it aside).
+    async fn lock_op_with(
+        &self,
+        id: &str,
+        netns: Option<(Command, &str)>,
+        plugins: Vec<String>,
+        unrecorded: bool,
+    ) -> Result<(OpLock<'_>, Loaded), Error> {
         let gc = self.gc_lock.read().await;
         let container = self.lock_container(id).await;
         let locks = self.locks.clone();
         let markers = self.markers.clone();
         let store = self.store.clone();
+        let runner = self.runner.clone();
+        let multus = self.multus.clone();
         let cid = id.to_string();
         let netns = netns
             .filter(|(_, path)| !path.is_empty())
             .map(|(command, path)| (command, path.to_string()));
-        let (gc_file, file, stale, loaded) = blocking(move || -> Result<_, Error> {
-            if let Some((command, path)) = &netns {
-                check_netns_now(*command, path)?;
-            }
-            let gc_file = locks.gc_shared().map_err(Error::record)?;
-            let file = locks.lock(&cid).map_err(Error::record)?;
-            let stale = markers.of(&cid, &file).map_err(Error::record)?;
-            let loaded = load_now(store.as_ref(), &cid).map_err(Error::record)?;
-            Ok((gc_file, file, stale, loaded))
-        })
-        .await??;
-        let loaded = loaded_logged(id, loaded);
+        let (gc_file, file, stale, loaded, found, probed) =
+            blocking(move || -> Result<_, Error> {
+                if let Some((command, path)) = &netns {
+                    check_netns_now(*command, path)?;
+                }
+                let gc_file = locks.gc_shared().map_err(Error::record)?;
+                let file = locks.lock(&cid).map_err(Error::record)?;
+                let stale = markers.of(&cid, &file).map_err(Error::record)?;
+                let loaded = load_now(store.as_ref(), &cid).map_err(Error::record)?;
+                let found: Vec<Plugin> =
+                    plugins.iter().filter_map(|p| runner.find(p).ok()).collect();
+                let probed = match (&loaded, unrecorded) {
+                    ((None, None), true) => {
+                        let multus = match multus.load(&cid) {
+                            Ok(Some(d)) => Some(Multus::Delegates(d)),
+                            Ok(None) => Some(Multus::Nothing),
+                            Err(_) => None,
+                        };
+                        multus.map(|multus| Unrecorded {
+                            multus,
+                            was_set_aside: store.was_set_aside(&cid),
+                        })
+                    }
+                    _ => None,
+                };
+                Ok((gc_file, file, stale, loaded, found, probed))
+            })
+            .await??;
+        let mut loaded = loaded_logged(id, loaded);
+        loaded.found = found;
+        loaded.unrecorded = probed;
         let file = match stale {
             None => file,
             Some(_) => {
@@ -634,10 +696,26 @@ impl Engine {
 
     /// Locates every plugin of `list` and picks its version.
     async fn prepare(&self, list: &NetworkList, command: Command) -> Result<Prepared, Error> {
+        self.prepare_with(list, command, &[]).await
+    }
+
+    /// [`Engine::prepare`] taking the plugins in `found` as located (in
+    /// this call, by [`Engine::lock_op_with`]).
+    async fn prepare_with(
+        &self,
+        list: &NetworkList,
+        command: Command,
+        found: &[Plugin],
+    ) -> Result<Prepared, Error> {
         let candidates = Self::candidates(list)?;
         let mut plugins = Vec::with_capacity(list.plugins.len());
         for i in 0..list.plugins.len() {
-            let plugin = self.find(list.plugin_type(i)).await.map_err(|e| {
+            let kind = list.plugin_type(i);
+            let located = match found.iter().find(|p| p.name == kind) {
+                Some(p) => Ok(p.clone()),
+                None => self.find(kind).await,
+            };
+            let plugin = located.map_err(|e| {
                 let mut err = Error::plugin(command, &list.name, e);
                 err.kind = ErrorKind::Invalid;
                 err
@@ -852,9 +930,24 @@ impl Engine {
         planned: Vec<Planned>,
     ) -> Result<Vec<AddedNetwork>, Error> {
         // Before anything runs, so the rollback of a failed ADD, too, only
-        // ever runs in a namespace that passed.
+        // ever runs in a namespace that passed. The plugins are located
+        // in the same trip to the blocking pool.
+        let mut plugins: Vec<String> = Vec::new();
+        for p in &planned {
+            for i in 0..p.list.plugins.len() {
+                let kind = p.list.plugin_type(i);
+                if !plugins.iter().any(|k| k == kind) {
+                    plugins.push(kind.to_string());
+                }
+            }
+        }
         let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Add, &inv.netns)))
+            .lock_op_with(
+                &inv.container_id,
+                Some((Command::Add, &inv.netns)),
+                plugins,
+                false,
+            )
             .await?;
         let out = self.add_locked(inv, cap_args, planned, loaded, None).await;
         self.unlock(&inv.container_id, lock).await;
@@ -872,7 +965,10 @@ impl Engine {
         // Everything that can be checked before running anything is.
         let mut prepared = Vec::with_capacity(planned.len());
         for p in &planned {
-            prepared.push(self.prepare(&p.list, Command::Add).await?);
+            prepared.push(
+                self.prepare_with(&p.list, Command::Add, &loaded.found)
+                    .await?,
+            );
         }
         let mut record = loaded
             .record
@@ -1063,7 +1159,12 @@ impl Engine {
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
     {
         let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Del, &inv.netns)))
+            .lock_op_with(
+                &inv.container_id,
+                Some((Command::Del, &inv.netns)),
+                Vec::new(),
+                true,
+            )
             .await?;
         let out = self.del_or_fall_back(inv, cap_args, fallback, loaded).await;
         self.unlock(&inv.container_id, lock).await;
@@ -1087,18 +1188,26 @@ impl Engine {
         let hot_plugged = record.hot_plugged(&inv.ifname);
         if record.attachment(&inv.ifname).is_none() && hot_plugged.is_empty() {
             // A container multus attached before plexusd took over.
-            let multus = self.load_multus(&inv.container_id).await?;
+            let (multus, was_set_aside) = match loaded.unrecorded {
+                Some(u) => (u.multus, Some(u.was_set_aside)),
+                None => (self.load_multus(&inv.container_id).await?, None),
+            };
             if let Multus::Delegates(delegates) = &multus {
                 tracing::info!(container_id = %inv.container_id, ifname = %inv.ifname, networks = delegates.len(), "no record of its own: DEL runs the networks multus cached for the container");
                 return self
                     .del_multus(inv, &inv.netns, &inv.ifname, delegates, &cap_args)
                     .await;
             }
-            let lost = loaded.set_aside || matches!(multus, Multus::SetAside) || {
-                let store = self.store.clone();
-                let cid = inv.container_id.clone();
-                blocking(move || store.was_set_aside(&cid)).await?
-            };
+            let lost = loaded.set_aside
+                || matches!(multus, Multus::SetAside)
+                || match was_set_aside {
+                    Some(known) => known,
+                    None => {
+                        let store = self.store.clone();
+                        let cid = inv.container_id.clone();
+                        blocking(move || store.was_set_aside(&cid)).await?
+                    }
+                };
             if !lost {
                 return Ok(());
             }
@@ -1631,6 +1740,8 @@ fn loaded_logged(id: &str, (record, moved): (Option<Record>, Option<SetAside>)) 
     Loaded {
         record,
         set_aside: moved.is_some(),
+        found: Vec::new(),
+        unrecorded: None,
     }
 }
 

@@ -71,9 +71,9 @@ impl Networks {
 
     /// Loads every network of the daemon's configuration and locates its
     /// plugins, so that a broken setup shows in the log at start-up
-    /// rather than on the first ADD. Networks are still read on every
-    /// call (files may appear later), so this only warns; it returns the
-    /// problems found.
+    /// rather than on the first ADD. Networks are still looked up on
+    /// every call (files may appear or change later; unchanged files are
+    /// not read again), so this only warns; it returns the problems found.
     pub async fn preflight(&self) -> Vec<String> {
         let mut problems = Vec::new();
         let cfg = self.selection.base();
@@ -387,26 +387,10 @@ impl Networks {
         cfg: &selection::Config,
         network: &str,
     ) -> Result<NetworkList, cni::Error> {
-        let Some(dir) = cfg.conf_dir.clone() else {
-            return self.engine.load(network).await;
-        };
-        let owned = network.to_string();
-        tokio::task::spawn_blocking(move || cni::confdir::load_network(&dir, &owned))
-            .await
-            .map_err(|e| {
-                cni::Error::new(
-                    ErrorKind::Internal,
-                    code::INTERNAL,
-                    format!("loading network {network:?}: {e}"),
-                )
-            })?
-            .map_err(|e| {
-                cni::Error::new(
-                    ErrorKind::Invalid,
-                    code::INVALID_NETWORK_CONFIG,
-                    e.to_string(),
-                )
-            })
+        match &cfg.conf_dir {
+            Some(dir) => self.engine.load_in(dir, network).await,
+            None => self.engine.load(network).await,
+        }
     }
 }
 

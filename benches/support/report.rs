@@ -188,6 +188,10 @@ pub fn machine(manifest_dir: &Path) -> Vec<(String, String)> {
         ("load average at start".into(), load_average()),
         ("plexus".into(), format!("{commit}{dirty}")),
         ("compiler".into(), format!("{rustc}, bench profile")),
+        (
+            "plexus-shim of the `plexus` sides".into(),
+            crate::setup::shim_kind().into(),
+        ),
     ]
 }
 

@@ -2,7 +2,7 @@
 //! and statically linked).
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -13,38 +13,13 @@ use crate::stats::{fmt_bytes, fmt_delta, fmt_ms, Samples};
 use crate::support::daemon::TestDir;
 use crate::Counts;
 
-/// plexus-shim linked statically, as packaging/build.sh builds it for the
-/// packages; `None` (with the reason) when the build fails.
-fn static_shim() -> Result<PathBuf, String> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = manifest.join("target/bench-static-shim");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "rustc",
-            "--release",
-            "--locked",
-            "--quiet",
-            "--bin",
-            "plexus-shim",
-        ])
-        .arg("--target-dir")
-        .arg(&target)
-        .args(["--", "-C", "target-feature=+crt-static"])
-        .current_dir(manifest)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    Ok(target.join("release/plexus-shim"))
-}
-
 pub fn shim_alone(sec: &mut Section, c: &Counts) {
     let version_stdin = br#"{"cniVersion":"1.0.0"}"#.to_vec();
-    eprintln!("building the static plexus-shim (as packaged)…");
-    let static_path = static_shim();
+    let static_path = if crate::setup::shim() == Path::new(SHIM) {
+        Err("the build failed".to_string())
+    } else {
+        Ok(crate::setup::shim().to_path_buf())
+    };
     let static_call = static_path
         .as_ref()
         .ok()

@@ -43,8 +43,66 @@ pub fn shim_stdin(sock: &Path) -> Vec<u8> {
     .unwrap()
 }
 
+/// plexus-shim linked statically, as packaging/build.sh builds it for the
+/// packages; the reason when the build fails.
+pub fn build_static_shim() -> Result<PathBuf, String> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = manifest.join("target/bench-static-shim");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "rustc",
+            "--release",
+            "--locked",
+            "--quiet",
+            "--bin",
+            "plexus-shim",
+        ])
+        .arg("--target-dir")
+        .arg(&target)
+        .args(["--", "-C", "target-feature=+crt-static"])
+        .current_dir(manifest)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(target.join("release/plexus-shim"))
+}
+
+/// The plexus-shim the scenarios' `plexus` sides execute: the statically
+/// linked build, as the packages install it (the runtime executes that
+/// one), else the `cargo build` one.
+pub fn shim() -> &'static Path {
+    static SHIM_PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    SHIM_PATH.get_or_init(|| {
+        eprintln!("building the static plexus-shim (as packaged)…");
+        match build_static_shim() {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("cannot build the static plexus-shim ({e}); the scenarios use {SHIM}");
+                PathBuf::from(SHIM)
+            }
+        }
+    })
+}
+
+/// Which plexus-shim [`shim`] is, for the report.
+pub fn shim_kind() -> &'static str {
+    if shim() == Path::new(SHIM) {
+        "dynamically linked (`cargo build`; the static build failed)"
+    } else {
+        "statically linked, as packaged"
+    }
+}
+
 pub fn shim_call(sock: &Path, command: &str, cid: &str, netns: &str, ifname: &str) -> Call {
-    Call::new(SHIM, cni_env(command, cid, netns, ifname), shim_stdin(sock))
+    Call::new(
+        shim(),
+        cni_env(command, cid, netns, ifname),
+        shim_stdin(sock),
+    )
 }
 
 /// [`shim_call`] with `CNI_ARGS` `args` instead of [`CNI_ARGS`].
@@ -57,7 +115,7 @@ pub fn shim_call_args(
     args: &str,
 ) -> Call {
     Call::new(
-        SHIM,
+        shim(),
         cnisup::call_env(command, cid, netns, ifname, args),
         shim_stdin(sock),
     )

@@ -21,6 +21,9 @@ use crate::notify::{self, Notifier};
 use crate::server::{self, Handler, Readiness, Shared};
 use crate::{cni, k8s, logging, readiness_file};
 
+/// Most threads of the blocking pool (see where the runtime is built).
+const BLOCKING_THREADS: usize = 64;
+
 /// How a start-up or a run of the daemon ended, for the process's exit
 /// status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +87,11 @@ pub fn main(config: config::Config) -> Exit {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("plexusd")
+        // File work (locks, records and their fsyncs, config stats) is
+        // short: a few dozen threads keep a burst's disk waits overlapped,
+        // where tokio's default of 512 lets a burst of hundreds of calls
+        // start a thread (stack and malloc arena) for each.
+        .max_blocking_threads(BLOCKING_THREADS)
         .build()
     {
         Ok(r) => r,

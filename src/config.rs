@@ -514,7 +514,7 @@ impl Fields<'_> {
         match self.get(key)? {
             Value::String(s) => Some(s.clone()),
             other => {
-                let why = format!("must be a string, found {}", kind(other));
+                let why = format!("must be a string, found {}", json_kind(other));
                 self.problem(key, why);
                 None
             }
@@ -563,7 +563,7 @@ impl Fields<'_> {
             other => {
                 let why = format!(
                     "must be a list of network configurations (JSON objects), found {}",
-                    kind(other)
+                    json_kind(other)
                 );
                 self.problem(key, why);
                 Vec::new()
@@ -575,7 +575,7 @@ impl Fields<'_> {
     fn string_list(&mut self, key: &str) -> Option<Vec<String>> {
         let v = self.get(key)?;
         let Value::Array(items) = v else {
-            let why = format!("must be a list of strings, found {}", kind(v));
+            let why = format!("must be a list of strings, found {}", json_kind(v));
             self.problem(key, why);
             return None;
         };
@@ -584,7 +584,10 @@ impl Fields<'_> {
             match item {
                 Value::String(s) if !s.is_empty() => out.push(s.clone()),
                 other => {
-                    let why = format!("item {i} must be a non-empty string, found {}", kind(other));
+                    let why = format!(
+                        "item {i} must be a non-empty string, found {}",
+                        json_kind(other)
+                    );
                     self.problem(key, why);
                     return None;
                 }
@@ -612,7 +615,7 @@ impl Fields<'_> {
         match self.get(key)? {
             Value::Bool(b) => Some(*b),
             other => {
-                let why = format!("must be true or false, found {}", kind(other));
+                let why = format!("must be true or false, found {}", json_kind(other));
                 self.problem(key, why);
                 None
             }
@@ -628,7 +631,10 @@ impl Fields<'_> {
                 None
             }
             None => {
-                let why = format!("must be a whole number greater than 0, found {}", kind(v));
+                let why = format!(
+                    "must be a whole number greater than 0, found {}",
+                    json_kind(v)
+                );
                 self.problem(key, why);
                 None
             }
@@ -670,7 +676,7 @@ impl Fields<'_> {
         let Value::String(s) = v else {
             let why = format!(
                 "must be a duration string such as \"10s\" or \"500ms\", found {}",
-                kind(v)
+                json_kind(v)
             );
             self.problem(key, why);
             return None;
@@ -710,13 +716,14 @@ impl Fields<'_> {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
+/// What kind of JSON value `v` is, for messages ("found a number").
+pub fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
         Value::Number(_) => "a number",
         Value::String(_) => "a string",
-        Value::Array(_) => "an array",
+        Value::Array(_) => "a list",
         Value::Object(_) => "an object",
     }
 }

@@ -90,13 +90,10 @@ fn attributes(value: Option<&Value>) -> Result<Selection, Failure> {
         None | Some(Value::Null) => return Ok(Selection::default()),
         Some(Value::Object(o)) => o,
         Some(other) => {
-            let kind = match other {
-                Value::Array(_) => "a list",
-                Value::String(_) => "a string",
-                Value::Number(_) => "a number",
-                _ => "a boolean",
-            };
-            return Err(bad(format!("must be an object, found {kind}")));
+            return Err(bad(format!(
+                "must be an object, found {}",
+                crate::config::json_kind(other)
+            )));
         }
     };
     // Only these keys, spelled as Go's decoder would match them.

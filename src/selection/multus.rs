@@ -388,16 +388,7 @@ fn parse_comma(value: &str, default_namespace: &str) -> Result<Vec<Selection>, P
 
 /// What kind of JSON value `v` is, for error messages (which never
 /// repeat the value itself).
-pub(super) fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
-}
+pub(super) use crate::config::json_kind;
 
 fn parse_json(value: &str, default_namespace: &str) -> Result<Vec<Selection>, Problem> {
     // serde_json limits nesting (128 levels), so hostile input cannot

@@ -163,13 +163,13 @@ fn apply(config: &mut Config, key: &str, value: &Value) -> Result<(), String> {
             let Value::Array(items) = value else {
                 return Err(format!(
                     "must be a list of network configurations, found {}",
-                    kind(value)
+                    crate::config::json_kind(value)
                 ));
             };
             if let Some((i, other)) = items.iter().enumerate().find(|(_, d)| !d.is_object()) {
                 return Err(format!(
                     "item {i} must be a network configuration (a JSON object), found {}",
-                    kind(other)
+                    crate::config::json_kind(other)
                 ));
             }
             config.delegates = items.clone();
@@ -185,9 +185,12 @@ fn apply(config: &mut Config, key: &str, value: &Value) -> Result<(), String> {
             };
         }
         "namespaceIsolation" => {
-            config.namespace_isolation = value
-                .as_bool()
-                .ok_or_else(|| format!("must be true or false, found {}", kind(value)))?;
+            config.namespace_isolation = value.as_bool().ok_or_else(|| {
+                format!(
+                    "must be true or false, found {}",
+                    crate::config::json_kind(value)
+                )
+            })?;
         }
         "globalNamespaces" => {
             config.global_namespaces = nad::parse_global_namespaces(string(value)?);
@@ -216,14 +219,20 @@ fn apply(config: &mut Config, key: &str, value: &Value) -> Result<(), String> {
 }
 
 fn string(value: &Value) -> Result<&str, String> {
-    value
-        .as_str()
-        .ok_or_else(|| format!("must be a string, found {}", kind(value)))
+    value.as_str().ok_or_else(|| {
+        format!(
+            "must be a string, found {}",
+            crate::config::json_kind(value)
+        )
+    })
 }
 
 fn string_list(value: &Value) -> Result<Vec<String>, String> {
     let Value::Array(items) = value else {
-        return Err(format!("must be a list of strings, found {}", kind(value)));
+        return Err(format!(
+            "must be a list of strings, found {}",
+            crate::config::json_kind(value)
+        ));
     };
     items
         .iter()
@@ -232,21 +241,10 @@ fn string_list(value: &Value) -> Result<Vec<String>, String> {
             Value::String(s) if !s.is_empty() => Ok(s.clone()),
             other => Err(format!(
                 "item {i} must be a non-empty string, found {}",
-                kind(other)
+                crate::config::json_kind(other)
             )),
         })
         .collect()
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

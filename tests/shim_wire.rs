@@ -540,34 +540,24 @@ fn replayed_multus_add_at_1_x_should_print_what_multus_shim_prints() {
 /// config's `cniVersion` replaced, and Content-Length set to match.
 fn replay_request(name: &str, netns: &str, container_id: &str, version: &str) -> Vec<u8> {
     let raw = fixture(name);
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = std::str::from_utf8(&raw[..end]).unwrap();
-    let body = std::str::from_utf8(&raw[end + 4..]).unwrap();
     let (env, config) = captured(name);
     let config = String::from_utf8(config).unwrap().replace(
         "\"cniVersion\":\"0.3.1\"",
         &format!("\"cniVersion\":\"{version}\""),
     );
     let b64 = base64::engine::general_purpose::STANDARD;
-    let old_config = body
-        .split("\"config\":\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap();
-    let body = body
-        .replace(&env["CNI_NETNS"], netns)
-        .replace(&env["CNI_CONTAINERID"], container_id)
-        .replace(old_config, &b64.encode(config));
-    let head: Vec<String> = head
-        .split("\r\n")
-        .map(|l| match l.strip_prefix("Content-Length: ") {
-            Some(_) => format!("Content-Length: {}", body.len()),
-            None => l.to_string(),
-        })
-        .collect();
-    format!("{}\r\n\r\n{body}", head.join("\r\n")).into_bytes()
+    support::http::edit_body(&raw, |body| {
+        let old_config = body
+            .split("\"config\":\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        body.replace(&env["CNI_NETNS"], netns)
+            .replace(&env["CNI_CONTAINERID"], container_id)
+            .replace(old_config, &b64.encode(config))
+    })
 }
 
 #[test]

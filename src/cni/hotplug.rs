@@ -139,13 +139,11 @@ impl Engine {
             self.del_recorded(&recorded, &inv.netns, &att, &d, d.result.as_ref())
                 .await
         };
-        if !errors.is_empty() {
-            return Err(Error::join(
-                Command::Del,
-                &format!("container {id:?} ifname {:?}", inv.ifname),
-                errors,
-            ));
-        }
+        Error::all_ok(
+            Command::Del,
+            || format!("container {id:?} ifname {:?}", inv.ifname),
+            errors,
+        )?;
         if let Some(a) = record.attachment_mut(&att.ifname) {
             a.delegates.retain(|x| x.ifname != inv.ifname);
         }
@@ -164,15 +162,11 @@ impl Engine {
         );
         let cap_args = given.capability_args.clone().unwrap_or_default();
         let errors = self.del_chain(&given.list, &env, &cap_args, None).await;
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::join(
-                Command::Del,
-                &format!("container {:?} ifname {:?}", inv.container_id, inv.ifname),
-                errors,
-            ))
-        }
+        Error::all_ok(
+            Command::Del,
+            || format!("container {:?} ifname {:?}", inv.container_id, inv.ifname),
+            errors,
+        )
     }
 
     /// CHECK of the one recorded network on interface `inv.ifname`, with

@@ -174,6 +174,19 @@ impl Error {
     }
 
     /// Several errors as one: the first one's code, every message.
+    /// `Ok` when `errors` is empty, else all of them as one [`Error::join`].
+    fn all_ok(
+        command: Command,
+        what: impl FnOnce() -> String,
+        errors: Vec<Error>,
+    ) -> Result<(), Self> {
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Self::join(command, &what(), errors))
+        }
+    }
+
     fn join(command: Command, what: &str, errors: Vec<Error>) -> Self {
         let first = errors.first().map(|e| e.code).unwrap_or(code::INTERNAL);
         let n = errors.len();
@@ -1306,15 +1319,11 @@ impl Engine {
         }
         record.attachments.retain(|a| !a.delegates.is_empty());
         self.save_record(record, Durability::Atomic).await?;
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::join(
-                Command::Del,
-                &format!("container {:?} ifname {:?}", inv.container_id, inv.ifname),
-                errors,
-            ))
-        }
+        Error::all_ok(
+            Command::Del,
+            || format!("container {:?} ifname {:?}", inv.container_id, inv.ifname),
+            errors,
+        )
     }
 
     /// CHECK: verifies every recorded network of the attachment with the
@@ -1472,11 +1481,7 @@ impl Engine {
         let mut multus_failed = BTreeSet::new();
         errors.extend(self.gc_multus(valid, &mut multus_failed).await);
         errors.extend(self.gc_plugins(lists, &failed, &multus_failed).await);
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::join(Command::Gc, "stale attachments", errors))
-        }
+        Error::all_ok(Command::Gc, || "stale attachments".into(), errors)
     }
 
     /// DELs the stale attachments of container `id`, locked by the caller,

@@ -56,6 +56,25 @@ pub fn request(sock: &Path, method: &str, path: &str, body: &[u8]) -> io::Result
     send_raw(sock, &raw)
 }
 
+/// A raw HTTP request (a capture) with its body rewritten by `edit` and
+/// its Content-Length set to match.
+pub fn edit_body(raw: &[u8], edit: impl FnOnce(&str) -> String) -> Vec<u8> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a request head");
+    let head = std::str::from_utf8(&raw[..end]).expect("a text head");
+    let body = edit(std::str::from_utf8(&raw[end + 4..]).expect("a text body"));
+    let head: Vec<String> = head
+        .split("\r\n")
+        .map(|l| match l.strip_prefix("Content-Length: ") {
+            Some(_) => format!("Content-Length: {}", body.len()),
+            None => l.to_string(),
+        })
+        .collect();
+    format!("{}\r\n\r\n{body}", head.join("\r\n")).into_bytes()
+}
+
 /// Writes raw bytes and parses what comes back.
 pub fn send_raw(sock: &Path, raw: &[u8]) -> io::Result<Response> {
     let mut stream = UnixStream::connect(sock)?;

@@ -1155,3 +1155,23 @@ pub fn plexus_units(work: &Path, for_manager: bool) -> (String, String) {
     }
     (socket, service)
 }
+
+/// Asserts that `systemd-analyze verify` accepts `files` (unit files) and
+/// prints nothing; does nothing where systemd-analyze cannot run.
+pub fn assert_verifies(files: &[&str]) {
+    let mut args = vec!["verify", "--man=no"];
+    args.extend_from_slice(files);
+    let Some(out) = analyze_offline(&args) else {
+        return;
+    };
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && printed.trim().is_empty(),
+        "systemd-analyze verify ({}) printed:\n{printed}",
+        out.status
+    );
+}

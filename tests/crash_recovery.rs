@@ -243,3 +243,42 @@ fn markers_left(state_dir: &std::path::Path) -> Vec<String> {
         })
         .collect()
 }
+
+/// An operation notes each plugin's process group in the container's lock
+/// file and empties it only in its later trips to that file (the next
+/// plugin's note, the release of the lock). Whatever the number of plugins,
+/// the lock file a finished ADD or CHECK leaves behind (the container keeps
+/// its record) names no plugin, so the next holder has nothing to kill.
+/// Debian's bridge, host-local and tuning in one list.
+#[test]
+fn a_finished_operation_should_leave_no_marker_in_the_lock_file() {
+    let e = Engine::new("crash-marker");
+    let br = Link::bridge();
+    let subnet = Subnet::new();
+    let net = "marker-net";
+    let bridge = support::cni::bridge(&br.name, e.host_local(&subnet));
+    e.write_network(
+        "10-marker.conflist",
+        &conflist(net, "1.0.0", vec![bridge, json!({"type": "tuning"})]),
+    );
+    let d = e.start("d", net, "10s");
+    let ns = Netns::new();
+    let lock = e.state_dir.join("locks/marker-1.lock");
+    for command in ["ADD", "CHECK"] {
+        ok(&d, &cni(&d, command, "marker-1", &ns, "eth0"));
+        assert!(
+            lock.exists(),
+            "after {command}: the record keeps its lock file"
+        );
+        assert_eq!(
+            fs::read_to_string(&lock).unwrap(),
+            "",
+            "after {command}: a marker of a finished plugin was left"
+        );
+    }
+    assert!(ns.has_link("eth0"));
+    ok(&d, &cni(&d, "DEL", "marker-1", &ns, "eth0"));
+    assert!(!ns.has_link("eth0"));
+    assert!(!lock.exists());
+    assert_eq!(e.records(), Vec::<String>::new());
+}

@@ -205,6 +205,8 @@ struct MemStore {
     slow_sync: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     /// Synced saves that completed.
     synced: Mutex<usize>,
+    /// The next atomic (not synced) save fails: an operation's last write.
+    fail_atomic: Mutex<bool>,
 }
 
 impl MemStore {
@@ -229,6 +231,15 @@ impl Records for MemStore {
     }
 
     fn save(&self, record: &Record, durability: Durability) -> Result<(), record::Error> {
+        if durability == Durability::Atomic
+            && std::mem::take(&mut *self.fail_atomic.lock().unwrap())
+        {
+            return Err(record::Error::Io {
+                path: PathBuf::from("mem"),
+                what: "cannot write the record",
+                source: std::io::Error::other("the disk is full"),
+            });
+        }
         if record.attachments.is_empty() {
             return self.remove(&record.container_id, durability);
         }
@@ -1130,5 +1141,81 @@ async fn no_plugin_should_read_its_config_before_the_record_is_synced() {
         .collect();
     // Only the rollback's DEL of the network that never started.
     assert_eq!(ran, [("a".to_string(), "DEL")]);
+    assert!(r.store.get("c2").is_none());
+}
+
+/// An operation's last record write and the release of its locks share
+/// one trip to the blocking pool. When that write fails, an ADD still
+/// rolls back under the container's lock (nothing of it may run while
+/// another call holds the container) and a DEL reports it; either way the
+/// lock is released afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_last_write_should_be_handled_before_the_lock_is_released() {
+    let mut r = rig();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    // The rollback's DEL waits: meanwhile, another call for the container
+    // must not start.
+    r.runner
+        .script("a", "DEL", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
+    *r.store.fail_atomic.lock().unwrap() = true;
+    let adding = {
+        let engine = r.engine.clone();
+        tokio::spawn(async move {
+            add(
+                &engine,
+                "c1",
+                "eth0",
+                vec![plan(net("n", &["a"]), "eth0", true)],
+            )
+            .await
+        })
+    };
+    assert_eq!(r.next_start().await.command, "ADD");
+    let rollback = r.next_start().await;
+    assert_eq!((rollback.plugin.as_str(), rollback.command), ("a", "DEL"));
+    let other = {
+        let engine = r.engine.clone();
+        tokio::spawn(async move {
+            add(
+                &engine,
+                "c1",
+                "eth1",
+                vec![plan(net("m", &["b"]), "eth1", true)],
+            )
+            .await
+        })
+    };
+    r.no_start("a call ran while the rollback held the container")
+        .await;
+    gate.add_permits(1);
+    let e = adding.await.unwrap().unwrap_err();
+    assert!(e.to_string().contains("the disk is full"), "{e}");
+    assert!(r.store.get("c1").is_none(), "rolled back: nothing recorded");
+    // The lock was released: the waiting ADD runs.
+    assert_eq!(r.next_start().await.plugin, "b");
+    timeout(EVENTUALLY, other)
+        .await
+        .expect("the lock was released")
+        .unwrap()
+        .unwrap();
+
+    // A DEL whose last write fails says so, and lets the lock go.
+    r.runner.script("a", "DEL", Act::Succeed);
+    add(
+        &r.engine,
+        "c2",
+        "eth0",
+        vec![plan(net("n", &["a"]), "eth0", true)],
+    )
+    .await
+    .unwrap();
+    *r.store.fail_atomic.lock().unwrap() = true;
+    let e = del(&r.engine, "c2", "eth0").await.unwrap_err();
+    assert!(e.to_string().contains("the disk is full"), "{e}");
+    assert!(r.store.get("c2").is_some(), "the record was not removed");
+    timeout(EVENTUALLY, del(&r.engine, "c2", "eth0"))
+        .await
+        .expect("the lock was released")
+        .unwrap();
     assert!(r.store.get("c2").is_none());
 }

@@ -150,7 +150,40 @@ pub enum ExecError {
 
 /// What must be done before a plugin may read its configuration (see
 /// [`Runner::run_gated`]): `Ok` lets it go on, `Err` stops it.
-pub type Gate = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+pub enum Gate {
+    /// Done elsewhere: the plugin waits for this future.
+    Wait(std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>),
+    /// Blocking work, done in the spawn's own trip to the blocking pool
+    /// right after the plugin started (and was noted in the journal), so
+    /// it overlaps the plugin's start without a hand-off of its own. It
+    /// runs even when the spawn fails, and only once (not again when the
+    /// spawn is retried).
+    Work(Work),
+}
+
+/// Blocking work of a [`Gate::Work`].
+pub type Work = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
+impl Gate {
+    /// Its outcome, waited for or done on the blocking pool.
+    pub async fn outcome(self) -> Result<(), String> {
+        match self {
+            Gate::Wait(f) => f.await,
+            Gate::Work(w) => tokio::task::spawn_blocking(w)
+                .await
+                .unwrap_or_else(|e| Err(format!("the work was lost: {e}"))),
+        }
+    }
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Gate::Wait(_) => "Gate::Wait",
+            Gate::Work(_) => "Gate::Work",
+        })
+    }
+}
 
 impl ExecError {
     /// The CNI error code this failure is reported with.
@@ -196,8 +229,13 @@ pub trait Journal: Send + Sync + std::fmt::Debug + 'static {
     /// before a single byte of stdin is written. An error fails the call: the
     /// plugin is killed and reaped without having read its config.
     fn started(&self, container_id: &str, group: Group) -> io::Result<()>;
-    /// Blocking. Called once the group has been killed and the plugin reaped
-    /// (also when the call's future is dropped half-way).
+    /// Called once the group has been killed and the plugin reaped (also
+    /// when the call's future is dropped half-way, then on the blocking
+    /// pool). Must not block: it runs on the async runtime, so a journal
+    /// that needs I/O to close the entry defers it (the [`Markers`] of the
+    /// engine empty the entry in their next trip to the file).
+    ///
+    /// [`Markers`]: crate::cni::record::Markers
     fn finished(&self, container_id: &str, group: Group);
 }
 
@@ -613,23 +651,30 @@ impl Runner {
         timeout: Duration,
     ) -> Result<Vec<u8>, ExecError> {
         let cmd = self.command(plugin, env);
-        let process = Process::start(cmd, plugin, self.journal_for(env)).await?;
-        if let Some(gate) = gate {
-            let why = match tokio::time::timeout(timeout, gate).await {
+        let (wait, work) = match gate {
+            Some(Gate::Wait(f)) => (Some(f), None),
+            Some(Gate::Work(w)) => (None, Some(w)),
+            None => (None, None),
+        };
+        let (process, worked) = Process::start(cmd, plugin, self.journal_for(env), work).await?;
+        let why = match (worked, wait) {
+            (Some(Err(why)), _) => Some(why),
+            (_, Some(wait)) => match tokio::time::timeout(timeout, wait).await {
                 Ok(Ok(())) => None,
                 Ok(Err(why)) => Some(why),
                 Err(_) => Some(format!(
                     "not done within {}",
                     crate::duration::format(timeout)
                 )),
-            };
-            if let Some(why) = why {
-                process.stop().await;
-                return Err(ExecError::Held {
-                    plugin: plugin.name.clone(),
-                    why,
-                });
-            }
+            },
+            _ => None,
+        };
+        if let Some(why) = why {
+            process.stop().await;
+            return Err(ExecError::Held {
+                plugin: plugin.name.clone(),
+                why,
+            });
         }
         let ended = process.run(stdin, timeout).await;
         if !ended.drained {
@@ -706,13 +751,15 @@ struct Process {
 }
 
 impl Process {
-    /// Spawns `cmd` (see [`spawn`]) and takes its pipes.
+    /// Spawns `cmd` (see [`spawn`], which also does `work`) and takes its
+    /// pipes; with the outcome of `work`, when there was one.
     async fn start(
         cmd: std::process::Command,
         plugin: &Plugin,
         journal: Option<(Arc<dyn Journal>, String)>,
-    ) -> Result<Self, ExecError> {
-        let (mut child, reaper) = spawn(cmd, plugin, journal).await?;
+        work: Option<Work>,
+    ) -> Result<(Self, Option<Result<(), String>>), ExecError> {
+        let ((mut child, reaper), worked) = spawn(cmd, plugin, journal, work).await?;
         let stdin = take_pipe(
             child.stdin.take().map(OwnedFd::from),
             pipe::Sender::from_owned_fd,
@@ -728,12 +775,13 @@ impl Process {
             pipe::Receiver::from_owned_fd,
         )
         .map_err(io_error(plugin, "stderr"))?;
-        Ok(Self {
+        let process = Self {
             child,
             reaper,
             stdin,
             output: Output::new(stdout, stderr),
-        })
+        };
+        Ok((process, worked))
     }
 
     /// Kills the plugin's group before it was given any input, and reaps
@@ -751,7 +799,7 @@ impl Process {
         wait_exit(pid).await;
         let _ = reaper.reap(&mut child);
         drop(output.close());
-        reaper.finish().await;
+        reaper.finish();
     }
 
     /// Gives the plugin `input` and reads its output until it exits, or
@@ -779,7 +827,7 @@ impl Process {
         // neither waited for nor killed.
         let drained = output.drain().await;
         let (stdout, stderr) = output.close();
-        reaper.finish().await;
+        reaper.finish();
         Ended {
             timed_out,
             status,
@@ -940,20 +988,27 @@ enum SpawnFailure {
 /// The reaper is made on the blocking pool too: if this future is dropped
 /// while the spawn runs, dropping its output there kills and reaps the
 /// plugin.
+///
+/// `work` is done in the first trip, right after the spawn and the note
+/// (whether they worked or not); its outcome comes back with the child.
 async fn spawn(
     mut cmd: std::process::Command,
     plugin: &Plugin,
     journal: Option<(Arc<dyn Journal>, String)>,
-) -> Result<(Child, Reaper), ExecError> {
+    mut work: Option<Work>,
+) -> Result<((Child, Reaper), Option<Result<(), String>>), ExecError> {
     let mut tries = 0;
+    let mut worked = None;
     loop {
         let journal = journal.clone();
-        let (back, res) = tokio::task::spawn_blocking(move || {
+        let work = work.take();
+        let (back, res, done) = tokio::task::spawn_blocking(move || {
             let r = match cmd.spawn() {
                 Ok(child) => start(child, journal),
                 Err(e) => Err(SpawnFailure::Exec(e)),
             };
-            (cmd, r)
+            let done = work.map(|w| w());
+            (cmd, r, done)
         })
         .await
         .map_err(|e| ExecError::Spawn {
@@ -962,8 +1017,11 @@ async fn spawn(
             source: io::Error::other(e.to_string()),
         })?;
         cmd = back;
+        if done.is_some() {
+            worked = done;
+        }
         match res {
-            Ok(started) => return Ok(started),
+            Ok(started) => return Ok((started, worked)),
             Err(SpawnFailure::Exec(e))
                 if e.raw_os_error() == Some(libc::ETXTBSY) && tries < TXTBSY_RETRIES =>
             {
@@ -1213,7 +1271,7 @@ struct Note {
 }
 
 impl Note {
-    /// Blocking.
+    /// Does not block (see [`Journal::finished`]).
     fn finished(self) {
         self.journal.finished(&self.container_id, self.group);
     }
@@ -1248,12 +1306,11 @@ impl Reaper {
         }
     }
 
-    /// Closes the journal entry of a reaped plugin, on the blocking pool.
-    async fn finish(mut self) {
+    /// Closes the journal entry of a reaped plugin.
+    fn finish(mut self) {
         if self.pid.is_none() {
             if let Some(note) = self.note.take() {
-                // Runs to the end even if this future is dropped.
-                let _ = tokio::task::spawn_blocking(move || note.finished()).await;
+                note.finished();
             }
         }
         // Otherwise Drop kills, reaps and closes the entry.
@@ -1372,6 +1429,95 @@ mod tests {
         assert!(matches!(r.find("missing"), Err(ExecError::NotFound { .. })));
     }
 
+    /// A gate's blocking work runs in the trip that spawned the plugin:
+    /// the plugin is already running (blocked on its stdin) while the work
+    /// runs, reads nothing before it is done, and is stopped and reaped
+    /// unread when it fails. The work runs once, even when the spawn fails.
+    #[tokio::test]
+    async fn a_gates_work_should_run_while_the_plugin_starts_and_hold_its_stdin() {
+        let dir = tempfile::tempdir().unwrap();
+        let started = dir.path().join("started");
+        let got = dir.path().join("got");
+        script(
+            dir.path(),
+            "gated",
+            &format!(
+                "echo $$ > {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
+                s = started.display(),
+                g = got.display()
+            ),
+        );
+        let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10), None);
+        let plugin = r.find("gated").unwrap();
+        for open in [true, false] {
+            let _ = std::fs::remove_file(&started);
+            let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let work: Work = {
+                let (started, got, ran) = (started.clone(), got.clone(), ran.clone());
+                Box::new(move || {
+                    // The plugin runs already; it has read nothing.
+                    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                    while !started.exists() {
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "the plugin never started"
+                        );
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    assert!(!got.exists(), "the plugin read its stdin before the work");
+                    ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if open {
+                        Ok(())
+                    } else {
+                        Err("the disk is full".into())
+                    }
+                })
+            };
+            let out = r
+                .run_gated(&plugin, &env(), b"config".to_vec(), Gate::Work(work))
+                .await;
+            assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+            let pid: i32 = std::fs::read_to_string(&started)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            if open {
+                assert_eq!(out.unwrap(), b"{\"cniVersion\":\"1.0.0\"}\n");
+                assert_eq!(std::fs::read(&got).unwrap(), b"config");
+                std::fs::remove_file(&got).unwrap();
+            } else {
+                let e = out.unwrap_err();
+                assert!(matches!(e, ExecError::Held { .. }), "{e}");
+                assert!(e.to_string().contains("the disk is full"), "{e}");
+                assert!(!got.exists(), "read its stdin");
+                assert!(!Path::new(&format!("/proc/{pid}")).exists(), "not reaped");
+            }
+        }
+        // A plugin that cannot be executed: the spawn fails, the work ran.
+        let broken = dir.path().join("broken");
+        std::fs::write(&broken, "not a program").unwrap();
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let work: Work = {
+            let ran = ran.clone();
+            Box::new(move || {
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            })
+        };
+        let e = r
+            .run_gated(
+                &Plugin::unlocated("broken", broken),
+                &env(),
+                b"config".to_vec(),
+                Gate::Work(work),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ExecError::Spawn { .. }), "{e}");
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
     #[tokio::test]
     async fn a_gated_plugin_should_start_at_once_and_read_nothing_before_the_gate() {
         let dir = tempfile::tempdir().unwrap();
@@ -1401,7 +1547,9 @@ mod tests {
         for open in [true, false] {
             let _ = std::fs::remove_file(&started);
             let (tx, rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
-            let gate: Gate = Box::pin(async move { rx.await.unwrap_or(Err("dropped".into())) });
+            let gate = Gate::Wait(Box::pin(async move {
+                rx.await.unwrap_or(Err("dropped".into()))
+            }));
             let run = {
                 let r = r.clone();
                 tokio::spawn(async move {

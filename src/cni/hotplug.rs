@@ -136,7 +136,7 @@ impl Engine {
         let errors = if d.state == State::Pending {
             Vec::new()
         } else {
-            self.del_recorded(&recorded, &inv.netns, &att, &d, d.result.as_ref())
+            self.del_recorded(&recorded, &inv.netns, &att, &d, d.result.as_ref(), &[])
                 .await
         };
         Error::all_ok(
@@ -161,7 +161,9 @@ impl Engine {
             given.cni_args.as_deref(),
         );
         let cap_args = given.capability_args.clone().unwrap_or_default();
-        let errors = self.del_chain(&given.list, &env, &cap_args, None).await;
+        let errors = self
+            .del_chain(&given.list, &env, &cap_args, None, &[])
+            .await;
         Error::all_ok(
             Command::Del,
             || format!("container {:?} ifname {:?}", inv.container_id, inv.ifname),

@@ -61,7 +61,8 @@ use self::exec::{CallEnv, ExecError, Gate, Group, Plugin, Runner};
 use self::multus_cache::{Caches, Multus};
 use self::parts::{PluginRunner, Records};
 use self::record::{
-    Attachment, Delegate, Durability, Held, Locks, MarkerState, Markers, Record, State, Store,
+    Attachment, Delegate, Durability, Held, Locks, MarkerState, Markers, Record, Released, State,
+    Store,
 };
 use self::types::{at_least, negotiate, Invocation, NetworkList};
 use crate::api::code;
@@ -301,6 +302,33 @@ struct OpLock<'a> {
     gc: RwLockReadGuard<'a, ()>,
 }
 
+/// An ADD whose networks were all added, before the record's last write.
+struct AddPending {
+    record: Record,
+    /// The attachment the ADD made.
+    slot: usize,
+    /// How many networks it has.
+    networks: usize,
+}
+
+impl AddPending {
+    /// Every network's result, in order.
+    fn added(&self) -> Vec<AddedNetwork> {
+        self.record.attachments[self.slot]
+            .delegates
+            .iter()
+            .filter_map(|d| {
+                Some(AddedNetwork {
+                    name: d.name.clone(),
+                    ifname: d.ifname.clone(),
+                    primary: d.primary,
+                    result: d.result.clone()?,
+                })
+            })
+            .collect()
+    }
+}
+
 /// A container's record as an operation sees it.
 struct Loaded {
     record: Option<Record>,
@@ -521,16 +549,17 @@ impl Engine {
     /// [`Engine::lock_op`] that also, in the same trip and once the locks
     /// are held, locates `plugins` (by type; a plugin not found there is
     /// looked up again, and its error reported, by [`Engine::prepare`])
-    /// and, with `unrecorded`, when the container has no record, reads
-    /// multus's delegate cache for it and whether a record of it was set
-    /// aside (a DEL needs both then; a damaged cache is left to
-    /// [`Engine::load_multus`], which moves it aside).
+    /// and, for a DEL (`for_del`), the plugins of every recorded network,
+    /// or, when the container has no record, reads multus's delegate
+    /// cache for it and whether a record of it was set aside (a DEL needs
+    /// both then; a damaged cache is left to [`Engine::load_multus`],
+    /// which moves it aside).
     async fn lock_op_with(
         &self,
         id: &str,
         netns: Option<(Command, &str)>,
         plugins: Vec<String>,
-        unrecorded: bool,
+        for_del: bool,
     ) -> Result<(OpLock<'_>, Loaded), Error> {
         let gc = self.gc_lock.read().await;
         let container = self.lock_container(id).await;
@@ -552,9 +581,17 @@ impl Engine {
                 let file = locks.lock(&cid).map_err(Error::record)?;
                 let stale = markers.of(&cid, &file).map_err(Error::record)?;
                 let loaded = load_now(store.as_ref(), &cid).map_err(Error::record)?;
-                let found: Vec<Plugin> =
-                    plugins.iter().filter_map(|p| runner.find(p).ok()).collect();
-                let probed = match (&loaded, unrecorded) {
+                // A DEL runs the plugins of what is recorded.
+                let recorded = match (&loaded, for_del) {
+                    ((Some(r), _), true) => recorded_types(r),
+                    _ => Vec::new(),
+                };
+                let found: Vec<Plugin> = plugins
+                    .iter()
+                    .chain(&recorded)
+                    .filter_map(|p| runner.find(p).ok())
+                    .collect();
+                let probed = match (&loaded, for_del) {
                     ((None, None), true) => {
                         let multus = match multus.load(&cid) {
                             Ok(Some(d)) => Some(Multus::Delegates(d)),
@@ -619,23 +656,72 @@ impl Engine {
             gc_file,
             gc,
         } = lock;
-        self.markers.release(id);
+        let marker = self.markers.release(id);
         let store = self.store.clone();
         let cid = id.to_string();
-        let released = blocking(move || {
-            if store.exists(&cid) {
-                drop(file);
-            } else if let Err(e) = file.unlink() {
-                tracing::warn!(container_id = %cid, cause = %e, "cannot remove a lock file");
-            }
-            drop(gc_file);
-        })
-        .await;
+        let released = blocking(move || release_files(&store, &cid, marker, file, gc_file)).await;
         if let Err(e) = released {
             tracing::error!(container_id = %id, cause = %e, "releasing the container's lock failed");
         }
         drop(container);
         drop(gc);
+    }
+
+    /// Runs `work` on the blocking pool and, when it succeeds, releases
+    /// the operation's locks in the same trip (as [`Engine::unlock`]):
+    /// the last write of an operation and its unlock cost one hand-off.
+    /// When `work` fails, the locks are handed back, still held, with its
+    /// error; `None` in their place means they are released already (the
+    /// trip could not run: the runtime is shutting down).
+    async fn unlock_after<'a, T: Send + 'static>(
+        &'a self,
+        id: &str,
+        lock: OpLock<'a>,
+        work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, (Error, Option<OpLock<'a>>)> {
+        let OpLock {
+            file,
+            container,
+            gc_file,
+            gc,
+        } = lock;
+        let marker = self.markers.release(id);
+        let store = self.store.clone();
+        let cid = id.to_string();
+        let done = blocking(move || {
+            let out =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::Failed,
+                        code::INTERNAL,
+                        format!("container {cid:?}: the operation's last write panicked"),
+                    ))
+                });
+            match out {
+                Ok(v) => {
+                    release_files(&store, &cid, marker, file, gc_file);
+                    Ok(v)
+                }
+                Err(e) => Err((e, file, gc_file)),
+            }
+        })
+        .await;
+        match done {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err((e, file, gc_file))) => {
+                self.markers.hold_marked(id, &file, marker);
+                Err((
+                    e,
+                    Some(OpLock {
+                        file,
+                        container,
+                        gc_file,
+                        gc,
+                    }),
+                ))
+            }
+            Err(e) => Err((e, None)),
+        }
     }
 
     async fn lock_container(&self, id: &str) -> ContainerLock<'_> {
@@ -810,12 +896,14 @@ impl Engine {
     }
 
     /// Runs a network's DEL chain in reverse, past errors; returns them.
+    /// Plugins in `found` are taken as located.
     async fn del_chain(
         &self,
         list: &NetworkList,
         env: &CallEnv,
         cap_args: &Map<String, Value>,
         prev: Option<&Value>,
+        found: &[Plugin],
     ) -> Vec<Error> {
         let mut errors = Vec::new();
         let candidates = match Self::candidates(list) {
@@ -823,7 +911,12 @@ impl Engine {
             Err(e) => return vec![e],
         };
         for i in (0..list.plugins.len()).rev() {
-            let plugin = match self.find(list.plugin_type(i)).await {
+            let kind = list.plugin_type(i);
+            let located = match found.iter().find(|p| p.name == kind) {
+                Some(p) => Ok(p.clone()),
+                None => self.find(kind).await,
+            };
+            let plugin = match located {
                 Ok(p) => p,
                 Err(e) => {
                     errors.push(Error::plugin(Command::Del, &list.name, e));
@@ -858,6 +951,7 @@ impl Engine {
         att: &Attachment,
         d: &Delegate,
         prev: Option<&Value>,
+        found: &[Plugin],
     ) -> Vec<Error> {
         let list = match recorded_list(d) {
             Ok(l) => l,
@@ -865,7 +959,7 @@ impl Engine {
         };
         let env = self.call_env(Command::Del, inv, &d.ifname, netns, d.cni_args.as_deref());
         let cap_args = d.capability_args_in(att);
-        let errors = self.del_chain(&list, &env, cap_args, prev).await;
+        let errors = self.del_chain(&list, &env, cap_args, prev, found).await;
         if errors.is_empty() {
             self.remove_device_info(cap_args).await;
         }
@@ -893,20 +987,23 @@ impl Engine {
         }
     }
 
-    /// Writes `record` with [`Durability::Synced`] on the blocking pool
-    /// without waiting for it: what [`Synced::gate`] and [`Synced::done`]
-    /// wait for.
-    fn save_synced_in_background(&self, record: &Record) -> Synced {
-        let (tx, rx) = tokio::sync::watch::channel(None);
+    /// The write of `record` with [`Durability::Synced`], as the gate of
+    /// the first plugin it protects: the runner does it in the trip that
+    /// spawns that plugin, while the plugin starts, and gives the plugin
+    /// its configuration only once it is done. [`Synced::done`] tells how
+    /// it went.
+    fn save_synced_gate(&self, record: &Record) -> (Synced, Gate) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
         let store = self.store.clone();
         let record = record.clone();
-        tokio::task::spawn_blocking(move || {
+        let work = Box::new(move || {
             let r = store
                 .save(&record, Durability::Synced)
                 .map_err(|e| e.to_string());
-            let _ = tx.send(Some(r));
+            let _ = tx.send(r.clone());
+            r
         });
-        Synced(rx)
+        (Synced(rx), Gate::Work(work))
     }
 
     async fn save_record(&self, record: &Record, durability: Durability) -> Result<(), Error> {
@@ -962,11 +1059,38 @@ impl Engine {
                 false,
             )
             .await?;
-        let out = self.add_locked(inv, cap_args, planned, loaded, None).await;
-        self.unlock(&inv.container_id, lock).await;
-        out
+        let pending = match self.add_unsaved(inv, cap_args, planned, loaded, None).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.unlock(&inv.container_id, lock).await;
+                return Err(e);
+            }
+        };
+        // The record's last write and the unlock in one trip.
+        let store = self.store.clone();
+        let record = pending.record.clone();
+        let saved = self
+            .unlock_after(&inv.container_id, lock, move || {
+                store
+                    .save(&record, Durability::Atomic)
+                    .map_err(Error::record)
+            })
+            .await;
+        match saved {
+            Ok(()) => Ok(pending.added()),
+            Err((e, Some(lock))) => {
+                let out = self.roll_back_saved(inv, pending, e).await;
+                self.unlock(&inv.container_id, lock).await;
+                Err(out)
+            }
+            // Released already: the record still says the networks are
+            // being added, and the runtime's DEL removes them.
+            Err((e, None)) => Err(e),
+        }
     }
 
+    /// Adds `planned` under the container's lock taken with `loaded`, the
+    /// record saved last.
     async fn add_locked(
         &self,
         inv: &Invocation,
@@ -975,6 +1099,38 @@ impl Engine {
         loaded: Loaded,
         hot_plugged_into: Option<String>,
     ) -> Result<Vec<AddedNetwork>, Error> {
+        let pending = self
+            .add_unsaved(inv, cap_args, planned, loaded, hot_plugged_into)
+            .await?;
+        if let Err(e) = self.save_record(&pending.record, Durability::Atomic).await {
+            return Err(self.roll_back_saved(inv, pending, e).await);
+        }
+        Ok(pending.added())
+    }
+
+    /// Rolls back every network of an ADD whose last record write failed
+    /// with `cause`.
+    async fn roll_back_saved(&self, inv: &Invocation, pending: AddPending, cause: Error) -> Error {
+        let AddPending {
+            mut record,
+            slot,
+            networks,
+        } = pending;
+        let last = networks.saturating_sub(1);
+        self.roll_back(inv, &mut record, slot, last, None, cause)
+            .await
+    }
+
+    /// [`Engine::add_locked`] up to the record's last write, which is the
+    /// caller's: every network added, its result in the record.
+    async fn add_unsaved(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        planned: Vec<Planned>,
+        loaded: Loaded,
+        hot_plugged_into: Option<String>,
+    ) -> Result<AddPending, Error> {
         // Everything that can be checked before running anything is.
         let mut prepared = Vec::with_capacity(planned.len());
         for p in &planned {
@@ -1043,7 +1199,7 @@ impl Engine {
             // The record must be on disk before this network's first
             // plugin reads its configuration; its write and syncs run
             // while that plugin starts (see docs/records.md).
-            let synced = self.save_synced_in_background(&record);
+            let (synced, gate) = self.save_synced_gate(&record);
             let env = self.call_env(
                 Command::Add,
                 inv,
@@ -1055,9 +1211,7 @@ impl Engine {
                 .capability_args
                 .clone()
                 .unwrap_or_else(|| cap_args.clone());
-            let added = self
-                .add_chain(&p.list, prep, &env, &args, Some(synced.gate()))
-                .await;
+            let added = self.add_chain(&p.list, prep, &env, &args, Some(gate)).await;
             // Nothing writes the record again before its sync is done.
             if let Err(e) = synced.done().await {
                 let partial = added.err().and_then(|(_, partial)| partial);
@@ -1074,22 +1228,11 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = self.save_record(&record, Durability::Atomic).await {
-            let last = planned.len().saturating_sub(1);
-            return Err(self.roll_back(inv, &mut record, slot, last, None, e).await);
-        }
-        Ok(record.attachments[slot]
-            .delegates
-            .iter()
-            .filter_map(|d| {
-                Some(AddedNetwork {
-                    name: d.name.clone(),
-                    ifname: d.ifname.clone(),
-                    primary: d.primary,
-                    result: d.result.clone()?,
-                })
-            })
-            .collect())
+        Ok(AddPending {
+            record,
+            slot,
+            networks: planned.len(),
+        })
     }
 
     /// Undoes networks `0..=failed` of attachment `slot` after `cause`;
@@ -1116,7 +1259,7 @@ impl Engine {
             } else {
                 d.result.as_ref()
             };
-            let errs = self.del_recorded(inv, &inv.netns, &att, d, prev).await;
+            let errs = self.del_recorded(inv, &inv.netns, &att, d, prev, &[]).await;
             if errs.is_empty() {
                 record.attachments[slot].delegates[j].state = State::Pending;
             }
@@ -1179,9 +1322,30 @@ impl Engine {
                 true,
             )
             .await?;
-        let out = self.del_or_fall_back(inv, cap_args, fallback, loaded).await;
-        self.unlock(&inv.container_id, lock).await;
-        out
+        let (out, changed) = self.del_or_fall_back(inv, cap_args, fallback, loaded).await;
+        let Some(record) = changed else {
+            self.unlock(&inv.container_id, lock).await;
+            return out;
+        };
+        // What is left of the record is written, and the locks released,
+        // in one trip; a failed write is the DEL's error.
+        let store = self.store.clone();
+        let saved = self
+            .unlock_after(&inv.container_id, lock, move || {
+                store
+                    .save(&record, Durability::Atomic)
+                    .map_err(Error::record)
+            })
+            .await;
+        match saved {
+            Ok(()) => out,
+            Err((e, lock)) => {
+                if let Some(lock) = lock {
+                    self.unlock(&inv.container_id, lock).await;
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn del_or_fall_back<F, Fut>(
@@ -1190,7 +1354,7 @@ impl Engine {
         cap_args: Map<String, Value>,
         fallback: F,
         loaded: Loaded,
-    ) -> Result<(), Error>
+    ) -> (Result<(), Error>, Option<Record>)
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
@@ -1203,13 +1367,17 @@ impl Engine {
             // A container multus attached before plexusd took over.
             let (multus, was_set_aside) = match loaded.unrecorded {
                 Some(u) => (u.multus, Some(u.was_set_aside)),
-                None => (self.load_multus(&inv.container_id).await?, None),
+                None => match self.load_multus(&inv.container_id).await {
+                    Ok(m) => (m, None),
+                    Err(e) => return (Err(e), None),
+                },
             };
             if let Multus::Delegates(delegates) = &multus {
                 tracing::info!(container_id = %inv.container_id, ifname = %inv.ifname, networks = delegates.len(), "no record of its own: DEL runs the networks multus cached for the container");
-                return self
+                let out = self
                     .del_multus(inv, &inv.netns, &inv.ifname, delegates, &cap_args)
                     .await;
+                return (out, None);
             }
             let lost = loaded.set_aside
                 || matches!(multus, Multus::SetAside)
@@ -1218,13 +1386,19 @@ impl Engine {
                     None => {
                         let store = self.store.clone();
                         let cid = inv.container_id.clone();
-                        blocking(move || store.was_set_aside(&cid)).await?
+                        match blocking(move || store.was_set_aside(&cid)).await {
+                            Ok(known) => known,
+                            Err(e) => return (Err(e), None),
+                        }
                     }
                 };
             if !lost {
-                return Ok(());
+                return (Ok(()), None);
             }
-            let planned = fallback().await?;
+            let planned = match fallback().await {
+                Ok(p) => p,
+                Err(e) => return (Err(e), None),
+            };
             let names: Vec<&str> = planned.iter().map(|p| p.list.name.as_str()).collect();
             tracing::warn!(container_id = %inv.container_id, ifname = %inv.ifname, networks = ?names, "the container's record was damaged: DEL runs the configured networks");
             // Recorded like an ADD that was cut short, so that whatever
@@ -1259,14 +1433,20 @@ impl Engine {
                 ifname: ifname.clone(),
                 ..inv.clone()
             };
-            if let Err(e) = self.del_attachment(&one, &inv.netns, &mut record).await {
+            if let Err(e) = self
+                .del_attachment_unsaved(&one, &inv.netns, &mut record, &loaded.found)
+                .await
+            {
                 errors.push(e);
             }
         }
-        if let Err(e) = self.del_attachment(inv, &inv.netns, &mut record).await {
+        if let Err(e) = self
+            .del_attachment_unsaved(inv, &inv.netns, &mut record, &loaded.found)
+            .await
+        {
             errors.push(e);
         }
-        match errors.len() {
+        let out = match errors.len() {
             0 => Ok(()),
             1 => Err(errors.remove(0)),
             _ => Err(Error::join(
@@ -1277,7 +1457,8 @@ impl Engine {
                 ),
                 errors,
             )),
-        }
+        };
+        (out, Some(record))
     }
 
     /// DELs attachment `inv.ifname` of `record` (which must hold it) and
@@ -1287,6 +1468,20 @@ impl Engine {
         inv: &Invocation,
         netns: &str,
         record: &mut Record,
+    ) -> Result<(), Error> {
+        let out = self.del_attachment_unsaved(inv, netns, record, &[]).await;
+        self.save_record(record, Durability::Atomic).await?;
+        out
+    }
+
+    /// [`Engine::del_attachment`] leaving the record's write to the
+    /// caller; plugins in `found` are taken as located.
+    async fn del_attachment_unsaved(
+        &self,
+        inv: &Invocation,
+        netns: &str,
+        record: &mut Record,
+        found: &[Plugin],
     ) -> Result<(), Error> {
         let Some(att) = record.attachment(&inv.ifname).cloned() else {
             return Ok(());
@@ -1306,7 +1501,7 @@ impl Engine {
                 continue;
             }
             let errs = self
-                .del_recorded(&inv, netns, &att, d, d.result.as_ref())
+                .del_recorded(&inv, netns, &att, d, d.result.as_ref(), found)
                 .await;
             if !errs.is_empty() {
                 left.push(d.clone());
@@ -1318,7 +1513,6 @@ impl Engine {
             a.delegates = left;
         }
         record.attachments.retain(|a| !a.delegates.is_empty());
-        self.save_record(record, Durability::Atomic).await?;
         Error::all_ok(
             Command::Del,
             || format!("container {:?} ifname {:?}", inv.container_id, inv.ifname),
@@ -1698,6 +1892,20 @@ fn clear_marker(
 
 /// Whether GC keeps attachment `att` of container `id`: the runtime lists
 /// it, or, for a network hot-plugged into one, the attachment it joined.
+/// Blocking: gives up a container's lock files. Its lock file goes too
+/// when its record is gone: nobody can make a new record without the lock,
+/// and a waiter on the unlinked file starts over (record::Locks); else the
+/// marker of a reaped plugin is emptied first.
+fn release_files(store: &Arc<dyn Records>, id: &str, marker: Released, file: Held, gc_file: Held) {
+    if store.exists(id) {
+        marker.settle(&file);
+        drop(file);
+    } else if let Err(e) = file.unlink() {
+        tracing::warn!(container_id = %id, cause = %e, "cannot remove a lock file");
+    }
+    drop(gc_file);
+}
+
 fn is_valid(id: &str, att: &Attachment, valid: &BTreeSet<(String, String)>) -> bool {
     let listed = |ifname: &str| valid.contains(&(id.to_string(), ifname.to_string()));
     listed(&att.ifname) || att.hot_plugged_into.as_deref().is_some_and(listed)
@@ -1751,6 +1959,23 @@ fn loaded_logged(id: &str, (record, moved): (Option<Record>, Option<SetAside>)) 
 }
 
 /// The network configuration a delegate was added with, from its record.
+/// The plugin types of every network in `record`, once each.
+fn recorded_types(record: &Record) -> Vec<String> {
+    let mut types: Vec<String> = Vec::new();
+    for d in record.attachments.iter().flat_map(|a| &a.delegates) {
+        let Ok(list) = recorded_list(d) else {
+            continue;
+        };
+        for i in 0..list.plugins.len() {
+            let kind = list.plugin_type(i);
+            if !types.iter().any(|t| t == kind) {
+                types.push(kind.to_string());
+            }
+        }
+    }
+    types
+}
+
 fn recorded_list(d: &Delegate) -> Result<NetworkList, types::ConfigError> {
     NetworkList::from_value(
         &PathBuf::from(format!("<record of network {}>", d.name)),
@@ -1790,29 +2015,18 @@ fn recorded_capabilities(list: &NetworkList, own: Map<String, Value>) -> Map<Str
     kept
 }
 
-/// A synced record write in progress (see
-/// [`Engine::save_synced_in_background`]).
-struct Synced(tokio::sync::watch::Receiver<Option<Result<(), String>>>);
+/// A synced record write in progress (see [`Engine::save_synced_gate`]).
+struct Synced(tokio::sync::oneshot::Receiver<Result<(), String>>);
 
 impl Synced {
-    /// Its outcome; an error when the write failed or was lost.
-    async fn wait(
-        mut rx: tokio::sync::watch::Receiver<Option<Result<(), String>>>,
-    ) -> Result<(), String> {
-        match rx.wait_for(Option::is_some).await {
-            Ok(done) => done.clone().unwrap_or(Ok(())),
-            Err(_) => Err("the record write was lost".into()),
-        }
-    }
-
-    /// For the plugin that must not read its configuration before it.
-    fn gate(&self) -> Gate {
-        Box::pin(Self::wait(self.0.clone()))
-    }
-
-    /// Waits for the write to be on disk.
+    /// Waits for the write to be on disk; an error when it failed or never
+    /// ran.
     async fn done(self) -> Result<(), Error> {
-        Self::wait(self.0).await.map_err(|why| {
+        let outcome = self
+            .0
+            .await
+            .unwrap_or_else(|_| Err("the record write was lost".into()));
+        outcome.map_err(|why| {
             Error::new(
                 ErrorKind::Internal,
                 code::IO_FAILURE,

@@ -619,7 +619,7 @@ impl Engine {
                 .and_then(|c| c.capability_args.clone())
                 .unwrap_or_else(|| d.capability_args(cap_args));
             let prev = cached.as_ref().and_then(|c| c.result.as_ref());
-            let errs = self.del_chain(&list, &env, &caps, prev).await;
+            let errs = self.del_chain(&list, &env, &caps, prev, &[]).await;
             if !errs.is_empty() {
                 errors.extend(errs);
                 continue;

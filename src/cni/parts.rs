@@ -52,7 +52,7 @@ pub trait PluginRunner: Send + Sync + fmt::Debug + 'static {
         gate: Gate,
     ) -> BoxFuture<'a, Result<Vec<u8>, ExecError>> {
         Box::pin(async move {
-            gate.await.map_err(|why| ExecError::Held {
+            gate.outcome().await.map_err(|why| ExecError::Held {
                 plugin: plugin.name.clone(),
                 why,
             })?;

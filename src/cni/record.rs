@@ -735,8 +735,19 @@ fn flock(file: &File, op: i32) -> io::Result<bool> {
 pub struct Markers {
     /// This boot's id: a marker from an earlier boot names nothing alive.
     boot_id: String,
-    /// The lock files of the containers this daemon holds.
-    held: Mutex<HashMap<String, Arc<File>>>,
+    /// The lock files of the containers this daemon holds, each with
+    /// whether it still names a plugin that has been reaped since.
+    held: Mutex<HashMap<String, HeldMarker>>,
+}
+
+/// A held lock file and the state of the marker in it.
+#[derive(Debug)]
+struct HeldMarker {
+    file: Arc<File>,
+    /// The marker names a plugin that was reaped: it is emptied when the
+    /// next plugin is noted or the lock is released, whichever is first,
+    /// in a trip to the blocking pool that is made anyway.
+    stale: bool,
 }
 
 /// One marker found in a lock file.
@@ -820,25 +831,75 @@ impl Markers {
     /// From now until [`Markers::release`], plugins run for
     /// `container_id` are noted in `held`.
     pub fn hold(&self, container_id: &str, held: &Held) {
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(container_id.to_string(), held.file.clone());
+        self.hold_marked(container_id, held, Released::Clean);
     }
 
-    pub fn release(&self, container_id: &str) {
+    /// [`Markers::hold`] again after a [`Markers::release`] whose lock was
+    /// kept after all; `released` is what that release answered.
+    pub fn hold_marked(&self, container_id: &str, held: &Held, released: Released) {
         self.held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(container_id);
+            .insert(
+                container_id.to_string(),
+                HeldMarker {
+                    file: held.file.clone(),
+                    stale: released == Released::Stale,
+                },
+            );
     }
 
-    fn file(&self, container_id: &str) -> Option<Arc<File>> {
-        self.held
+    /// Ends [`Markers::hold`]; whether the lock file still holds the
+    /// marker of a reaped plugin, which [`Released::settle`] empties before
+    /// the lock is given up.
+    pub fn release(&self, container_id: &str) -> Released {
+        match self
+            .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(container_id)
-            .cloned()
+            .remove(container_id)
+        {
+            Some(HeldMarker { stale: true, .. }) => Released::Stale,
+            _ => Released::Clean,
+        }
+    }
+
+    /// The held lock file of `container_id`; with `fresh`, also clears the
+    /// stale mark, telling whether it was set.
+    fn file(&self, container_id: &str, fresh: bool) -> Option<(Arc<File>, bool)> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let m = held.get_mut(container_id)?;
+        let stale = m.stale;
+        if fresh {
+            m.stale = false;
+        }
+        Some((m.file.clone(), stale))
+    }
+}
+
+/// What [`Markers::release`] found in a lock file about to be given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Released {
+    /// Empty, or naming a plugin that may still run (a call cut short,
+    /// whose plugin is killed and reaped on its own): left as it is.
+    Clean,
+    /// Naming a plugin that has been reaped.
+    Stale,
+}
+
+impl Released {
+    /// Empties the marker of a reaped plugin in `held`, which is about to
+    /// be given up but stays in place (its container keeps a record): the
+    /// next holder must not find a marker of a plugin that finished.
+    /// Blocking. A failure is logged: the next holder then finds the group
+    /// gone and clears the marker itself.
+    pub fn settle(self, held: &Held) {
+        if self == Released::Stale {
+            if let Err(e) = held.file.set_len(0) {
+                tracing::warn!(path = %held.path.display(), cause = %e, "cannot empty the plugin marker in the lock file");
+            }
+        }
     }
 }
 
@@ -864,7 +925,7 @@ impl Journal for Markers {
         use std::os::unix::fs::FileExt;
         // Every plugin with a container id runs under that container's
         // lock; one without would run unrecorded, so it does not run.
-        let file = self.file(container_id).ok_or_else(|| {
+        let (file, stale) = self.file(container_id, true).ok_or_else(|| {
             io::Error::other(format!(
                 "no lock is held for container {container_id:?}: cannot note the plugin's process group"
             ))
@@ -872,16 +933,22 @@ impl Journal for Markers {
         let body = format!("{} {} {}\n", group.pgid, group.start_time, self.boot_id);
         // Not synced: a power loss kills the plugins too, and a marker that
         // survives one is told apart by its boot id. The file is empty
-        // here (emptied after the previous plugin), so this is the whole
-        // content.
-        file.write_all_at(body.as_bytes(), 0)
+        // unless it still names the previous plugin of this operation:
+        // then it is overwritten and cut to the new marker (a crash in
+        // between leaves the new marker followed by bytes nobody reads).
+        file.write_all_at(body.as_bytes(), 0)?;
+        if stale {
+            file.set_len(body.len() as u64)?;
+        }
+        Ok(())
     }
 
-    fn finished(&self, container_id: &str, group: Group) {
-        if let Some(file) = self.file(container_id) {
-            if let Err(e) = file.set_len(0) {
-                tracing::warn!(container_id, pgid = group.pgid, cause = %e, "cannot empty the plugin marker in the lock file");
-            }
+    fn finished(&self, container_id: &str, _group: Group) {
+        // Only noted here (no I/O on the async runtime): the marker is
+        // emptied by the next plugin's note or when the lock is released.
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(m) = held.get_mut(container_id) {
+            m.stale = true;
         }
     }
 }
@@ -1072,12 +1139,36 @@ mod tests {
             m.of("a.1", &b).unwrap().unwrap().state,
             MarkerState::Running(Group { pgid: 7, ..g })
         );
+        // A reaped plugin's marker is emptied by the next trip to the
+        // file, not at once: the next plugin's note replaces it whole...
         m.finished("a", g);
+        assert_eq!(
+            m.of("a", &a).unwrap().unwrap().state,
+            MarkerState::Running(g)
+        );
+        let shorter = Group {
+            pgid: 9,
+            start_time: 1,
+        };
+        m.started("a", shorter).unwrap();
+        assert_eq!(
+            fs::read_to_string(a.path()).unwrap(),
+            format!("9 1 {}\n", m.boot_id)
+        );
+        // ...and releasing the lock empties it.
+        m.finished("a", shorter);
+        let released = m.release("a");
+        assert_eq!(released, Released::Stale);
+        released.settle(&a);
         assert!(m.of("a", &a).unwrap().is_none());
         assert_eq!(fs::metadata(a.path()).unwrap().len(), 0);
+        // A plugin not reaped (a call cut short) keeps its marker.
+        let released = m.release("a.1");
+        assert_eq!(released, Released::Clean);
+        released.settle(&b);
+        assert!(m.of("a.1", &b).unwrap().is_some());
 
         // What a later holder finds, written by hand.
-        m.release("a");
         drop(a);
         fs::write(dir.path().join("locks/a.lock"), "12 34 another-boot\n").unwrap();
         fs::write(dir.path().join("locks/c.lock"), "garbage").unwrap();

@@ -307,6 +307,19 @@ pub fn children_cpu() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// CPU (user + system) the calling thread used so far (getrusage
+/// RUSAGE_THREAD): what the bench itself spends to run a call.
+pub fn thread_cpu() -> Duration {
+    // SAFETY: a zeroed rusage is a valid out-parameter for getrusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: plain getrusage(2) with a valid pointer.
+    unsafe {
+        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 /// Run time so far of each thread of process `pid`, in nanoseconds
 /// (`/proc/<pid>/task/<tid>/schedstat`: exact, where `/proc/<pid>/stat`
 /// counts clock ticks).

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::daemon_metrics::{hist_mean_ms, metrics_text};
-use crate::procs::{children_cpu, status_kib, thread_times, threads_cpu_between, Call};
+use crate::procs::{children_cpu, status_kib, thread_cpu, thread_times, threads_cpu_between, Call};
 use crate::report::{met, Section, Table, Target};
 use crate::setup::{
     cni_env, shim_call, shim_stdin, start_daemon, tmpfs_dir, write_network, Failures, Network,
@@ -52,6 +52,9 @@ struct SideRun {
     /// itself (without the plugins it ran).
     cpu_caller: [Duration; 2],
     cpu_daemon: [Duration; 2],
+    /// The bench's own CPU to run the call: spawning the process, its
+    /// pipes, the wait. For `direct`, what any caller of a plugin pays.
+    cpu_runner: [Duration; 2],
 }
 
 impl SideRun {
@@ -66,14 +69,17 @@ impl SideRun {
             fails: Failures::default(),
             cpu_caller: [Duration::ZERO; 2],
             cpu_daemon: [Duration::ZERO; 2],
+            cpu_runner: [Duration::ZERO; 2],
         }
     }
 
-    /// CPU so far: the bench's reaped children, plexusd's threads.
-    fn cpu(&self) -> (Duration, Vec<(u32, u64)>) {
+    /// CPU so far: the bench's reaped children, plexusd's threads, the
+    /// bench's own thread.
+    fn cpu(&self) -> (Duration, Vec<(u32, u64)>, Duration) {
         (
             children_cpu(),
             self.pid.map(thread_times).unwrap_or_default(),
+            thread_cpu(),
         )
     }
 }
@@ -187,6 +193,7 @@ pub fn sequential(sec: &mut Section, c: &Counts, bridge: bool) {
             s.fails.note("ADD", &o);
             s.cpu_caller[0] += c1.0.saturating_sub(c0.0);
             s.cpu_daemon[0] += threads_cpu_between(&c0.1, &c1.1);
+            s.cpu_runner[0] += c1.2.saturating_sub(c0.2);
         }
         for &j in &order {
             let s = &sides[j];
@@ -199,6 +206,7 @@ pub fn sequential(sec: &mut Section, c: &Counts, bridge: bool) {
             s.fails.note("DEL", &o);
             s.cpu_caller[1] += c1.0.saturating_sub(c0.0);
             s.cpu_daemon[1] += threads_cpu_between(&c0.1, &c1.1);
+            s.cpu_runner[1] += c1.2.saturating_sub(c0.2);
         }
         let c0 = children_cpu();
         floor.push(floor_call.run().elapsed);
@@ -388,6 +396,7 @@ fn spawn_floor_and_cpu(
         "plexus − direct − spawn floor (p50)",
         "CPU per call: plexus-shim (or the plugin, direct)",
         "CPU per call: plexusd itself",
+        "CPU per call: the bench running it (spawn, pipes, wait)",
         "targets",
         "met?",
     ]);
@@ -419,6 +428,7 @@ fn spawn_floor_and_cpu(
                 } else {
                     fmt_ms_f(daemon_cpu)
                 },
+                fmt_ms_f(per(s.cpu_runner[k])),
                 if !targeted {
                     "—".into()
                 } else if k == 0 {
@@ -450,7 +460,11 @@ fn spawn_floor_and_cpu(
                 sec.target(Target::new(
                     "plexusd CPU per loopback ADD",
                     "≤ 0.5 ms",
-                    fmt_ms_f(daemon_cpu),
+                    format!(
+                        "{} (running the plugin costs a direct caller {})",
+                        fmt_ms_f(daemon_cpu),
+                        fmt_ms_f(per(direct.cpu_runner[0]))
+                    ),
                     Some(daemon_cpu <= 0.5),
                 ));
             }
@@ -461,7 +475,10 @@ fn spawn_floor_and_cpu(
          (p50 {}, p99 {}). CPU per call is user + system time summed over the timed calls: the \
          bench's reaped children (getrusage: plexus-shim, or the plugin for `direct`; the spawn \
          floor's own CPU is {} per `/bin/true`) and plexusd itself (its threads' \
-         /proc/<pid>/task/<tid>/schedstat), without the plugins plexusd ran.",
+         /proc/<pid>/task/<tid>/schedstat), without the plugins plexusd ran. The bench's own \
+         thread (getrusage RUSAGE_THREAD) is what running the process costs its caller: for \
+         `direct`, what any program that runs a plugin (plexusd included) spends per plugin \
+         on top of the plugin's own CPU.",
         fmt_ms(floor.p50()),
         fmt_ms(floor.p99()),
         fmt_ms_f(ms(floor_cpu) / n.max(1) as f64)

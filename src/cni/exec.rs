@@ -1442,7 +1442,7 @@ mod tests {
             dir.path(),
             "gated",
             &format!(
-                "echo $$ > {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
+                "echo $$ > {s}.tmp; mv {s}.tmp {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
                 s = started.display(),
                 g = got.display()
             ),
@@ -1527,7 +1527,7 @@ mod tests {
             dir.path(),
             "gated",
             &format!(
-                "echo $$ > {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
+                "echo $$ > {s}.tmp; mv {s}.tmp {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
                 s = started.display(),
                 g = got.display()
             ),

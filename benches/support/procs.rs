@@ -307,17 +307,17 @@ pub fn children_cpu() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// CPU (user + system) the calling thread used so far (getrusage
-/// RUSAGE_THREAD): what the bench itself spends to run a call.
+/// CPU (user + system) the calling thread used so far
+/// (CLOCK_THREAD_CPUTIME_ID, exact to the nanosecond): what the bench
+/// itself spends to run a call.
 pub fn thread_cpu() -> Duration {
-    // SAFETY: a zeroed rusage is a valid out-parameter for getrusage.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: plain getrusage(2) with a valid pointer.
+    // SAFETY: a zeroed timespec is a valid out-parameter for clock_gettime.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: plain clock_gettime(2) with a valid pointer.
     unsafe {
-        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
     }
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Run time so far of each thread of process `pid`, in nanoseconds

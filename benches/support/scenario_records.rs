@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use plexus::cni::record::{self, Attachment, Delegate, Durability, Record, State, Store};
 use serde_json::json;
 
-use crate::procs::{self, poll, ChildGuard};
+use crate::procs::{self, poll, thread_cpu, ChildGuard};
 use crate::report::{Section, Table};
 use crate::setup::{shim_call, start_daemon, tmpfs_dir, write_network, Network, CNI_ARGS};
 use crate::stats::{fmt_ms, fmt_ms_f, ms, Samples};
@@ -173,7 +173,15 @@ pub fn record_io(sec: &mut Section, c: &Counts) {
     if let Some(s) = &shm {
         dirs.push(("tmpfs (/dev/shm)".into(), s.0.clone()));
     }
-    let mut t = Table::new(&["operation", "file system", "n", "p50", "p99", "max"]);
+    let mut t = Table::new(&[
+        "operation",
+        "file system",
+        "n",
+        "p50",
+        "p99",
+        "max",
+        "CPU per operation (mean)",
+    ]);
     let mut fsync_pair = None;
     for (label, dir) in &dirs {
         // The daemon's own store, in <dir>/attachments.
@@ -185,16 +193,20 @@ pub fn record_io(sec: &mut Section, c: &Counts) {
                 Durability::Atomic
             };
             let (mut save, mut remove) = (Samples::new(), Samples::new());
+            let (mut save_cpu, mut remove_cpu) = (Duration::ZERO, Duration::ZERO);
             for _ in 0..c.record_io {
-                let t0 = Instant::now();
+                let (t0, c0) = (Instant::now(), thread_cpu());
                 store.save(&record, durability).expect("record save");
                 save.push(t0.elapsed());
-                let t0 = Instant::now();
+                save_cpu += thread_cpu().saturating_sub(c0);
+                let (t0, c0) = (Instant::now(), thread_cpu());
                 store
                     .remove(&record.container_id, durability)
                     .expect("record remove");
                 remove.push(t0.elapsed());
+                remove_cpu += thread_cpu().saturating_sub(c0);
             }
+            let per = |d: Duration| fmt_ms_f(ms(d) / c.record_io.max(1) as f64);
             let how = if sync {
                 "fsync of file and directory"
             } else {
@@ -207,6 +219,7 @@ pub fn record_io(sec: &mut Section, c: &Counts) {
                 fmt_ms(save.p50()),
                 fmt_ms(save.p99()),
                 fmt_ms(save.max()),
+                per(save_cpu),
             ]);
             t.row(vec![
                 format!(
@@ -222,6 +235,7 @@ pub fn record_io(sec: &mut Section, c: &Counts) {
                 fmt_ms(remove.p50()),
                 fmt_ms(remove.p99()),
                 fmt_ms(remove.max()),
+                per(remove_cpu),
             ]);
             if fsync_pair.is_none() {
                 fsync_pair = Some((save.p50(), None));
@@ -233,7 +247,8 @@ pub fn record_io(sec: &mut Section, c: &Counts) {
     sec.para(&format!(
         "A record write and removal by plexusd's own record store (`Store::save` and \
          `Store::remove`), replayed in isolation ({} times each, a loopback attachment's \
-         record of {size} bytes) on the file system of the stateDir used above and on tmpfs:",
+         record of {size} bytes) on the file system of the stateDir used above and on tmpfs; \
+         CPU is the replaying thread's user + system time (CLOCK_THREAD_CPUTIME_ID):",
         c.record_io
     ));
     sec.table(&t);

@@ -476,7 +476,7 @@ fn spawn_floor_and_cpu(
          bench's reaped children (getrusage: plexus-shim, or the plugin for `direct`; the spawn \
          floor's own CPU is {} per `/bin/true`) and plexusd itself (its threads' \
          /proc/<pid>/task/<tid>/schedstat), without the plugins plexusd ran. The bench's own \
-         thread (getrusage RUSAGE_THREAD) is what running the process costs its caller: for \
+         thread (CLOCK_THREAD_CPUTIME_ID) is what running the process costs its caller: for \
          `direct`, what any program that runs a plugin (plexusd included) spends per plugin \
          on top of the plugin's own CPU.",
         fmt_ms(floor.p50()),

@@ -382,6 +382,21 @@ async fn add(
         .await
 }
 
+/// [`add`] of one primary network in a task of its own.
+fn spawn_add(
+    engine: &Arc<Engine>,
+    id: &str,
+    ifname: &str,
+    list: NetworkList,
+) -> tokio::task::JoinHandle<Result<Value, Error>> {
+    let engine = engine.clone();
+    let (id, ifname) = (id.to_string(), ifname.to_string());
+    tokio::spawn(async move {
+        let planned = vec![plan(list, &ifname, true)];
+        add(&engine, &id, &ifname, planned).await
+    })
+}
+
 async fn del(engine: &Engine, id: &str, ifname: &str) -> Result<(), Error> {
     let no_fallback = || async { Ok::<_, Error>(Vec::new()) };
     engine
@@ -1158,33 +1173,11 @@ async fn a_failed_last_write_should_be_handled_before_the_lock_is_released() {
     r.runner
         .script("a", "DEL", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
     *r.store.fail_atomic.lock().unwrap() = true;
-    let adding = {
-        let engine = r.engine.clone();
-        tokio::spawn(async move {
-            add(
-                &engine,
-                "c1",
-                "eth0",
-                vec![plan(net("n", &["a"]), "eth0", true)],
-            )
-            .await
-        })
-    };
+    let adding = spawn_add(&r.engine, "c1", "eth0", net("n", &["a"]));
     assert_eq!(r.next_start().await.command, "ADD");
     let rollback = r.next_start().await;
     assert_eq!((rollback.plugin.as_str(), rollback.command), ("a", "DEL"));
-    let other = {
-        let engine = r.engine.clone();
-        tokio::spawn(async move {
-            add(
-                &engine,
-                "c1",
-                "eth1",
-                vec![plan(net("m", &["b"]), "eth1", true)],
-            )
-            .await
-        })
-    };
+    let other = spawn_add(&r.engine, "c1", "eth1", net("m", &["b"]));
     r.no_start("a call ran while the rollback held the container")
         .await;
     gate.add_permits(1);

@@ -1373,6 +1373,33 @@ mod tests {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
+    /// A plugin `gated` in a new directory that writes its pid to
+    /// `started` (whole, by a rename), then copies its stdin to `got`:
+    /// (the directory, `started`, `got`).
+    fn gated_plugin() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let started = dir.path().join("started");
+        let got = dir.path().join("got");
+        script(
+            dir.path(),
+            "gated",
+            &format!(
+                "echo $$ > {s}.tmp; mv {s}.tmp {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
+                s = started.display(),
+                g = got.display()
+            ),
+        );
+        (dir, started, got)
+    }
+
+    fn read_pid(path: &Path) -> i32 {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
     fn env() -> CallEnv {
         CallEnv {
             command: "ADD",
@@ -1435,18 +1462,7 @@ mod tests {
     /// unread when it fails. The work runs once, even when the spawn fails.
     #[tokio::test]
     async fn a_gates_work_should_run_while_the_plugin_starts_and_hold_its_stdin() {
-        let dir = tempfile::tempdir().unwrap();
-        let started = dir.path().join("started");
-        let got = dir.path().join("got");
-        script(
-            dir.path(),
-            "gated",
-            &format!(
-                "echo $$ > {s}.tmp; mv {s}.tmp {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
-                s = started.display(),
-                g = got.display()
-            ),
-        );
+        let (dir, started, got) = gated_plugin();
         let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10), None);
         let plugin = r.find("gated").unwrap();
         for open in [true, false] {
@@ -1477,11 +1493,7 @@ mod tests {
                 .run_gated(&plugin, &env(), b"config".to_vec(), Gate::Work(work))
                 .await;
             assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
-            let pid: i32 = std::fs::read_to_string(&started)
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap();
+            let pid = read_pid(&started);
             if open {
                 assert_eq!(out.unwrap(), b"{\"cniVersion\":\"1.0.0\"}\n");
                 assert_eq!(std::fs::read(&got).unwrap(), b"config");
@@ -1520,18 +1532,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_gated_plugin_should_start_at_once_and_read_nothing_before_the_gate() {
-        let dir = tempfile::tempdir().unwrap();
-        let started = dir.path().join("started");
-        let got = dir.path().join("got");
-        script(
-            dir.path(),
-            "gated",
-            &format!(
-                "echo $$ > {s}.tmp; mv {s}.tmp {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
-                s = started.display(),
-                g = got.display()
-            ),
-        );
+        let (dir, started, got) = gated_plugin();
         let r = Arc::new(Runner::new(
             vec![dir.path().into()],
             Duration::from_secs(10),
@@ -1563,11 +1564,7 @@ mod tests {
                 .await
                 .unwrap();
             assert!(!got.exists(), "the plugin read its stdin before the gate");
-            let pid: i32 = std::fs::read_to_string(&started)
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap();
+            let pid = read_pid(&started);
             if open {
                 tx.send(Ok(())).unwrap();
                 assert_eq!(run.await.unwrap().unwrap(), b"{\"cniVersion\":\"1.0.0\"}\n");

@@ -650,21 +650,27 @@ impl Engine {
     /// when its record is gone: nobody can make a new record without the
     /// lock, and a waiter on the unlinked file starts over (record::Locks).
     async fn unlock(&self, id: &str, lock: OpLock<'_>) {
-        let OpLock {
-            file,
-            container,
-            gc_file,
-            gc,
-        } = lock;
-        let marker = self.markers.release(id);
-        let store = self.store.clone();
-        let cid = id.to_string();
-        let released = blocking(move || release_files(&store, &cid, marker, file, gc_file)).await;
-        if let Err(e) = released {
+        // Nothing to write: only a trip that could not run fails.
+        if let Err((e, _)) = self.unlock_after(id, lock, || Ok(())).await {
             tracing::error!(container_id = %id, cause = %e, "releasing the container's lock failed");
         }
-        drop(container);
-        drop(gc);
+    }
+
+    /// The operation's last write of `record` ([`Durability::Atomic`])
+    /// and its unlock, in one trip ([`Engine::unlock_after`]).
+    async fn save_and_unlock<'a>(
+        &'a self,
+        id: &str,
+        lock: OpLock<'a>,
+        record: Record,
+    ) -> Result<(), (Error, Option<OpLock<'a>>)> {
+        let store = self.store.clone();
+        self.unlock_after(id, lock, move || {
+            store
+                .save(&record, Durability::Atomic)
+                .map_err(Error::record)
+        })
+        .await
     }
 
     /// Runs `work` on the blocking pool and, when it succeeds, releases
@@ -1066,15 +1072,8 @@ impl Engine {
                 return Err(e);
             }
         };
-        // The record's last write and the unlock in one trip.
-        let store = self.store.clone();
-        let record = pending.record.clone();
         let saved = self
-            .unlock_after(&inv.container_id, lock, move || {
-                store
-                    .save(&record, Durability::Atomic)
-                    .map_err(Error::record)
-            })
+            .save_and_unlock(&inv.container_id, lock, pending.record.clone())
             .await;
         match saved {
             Ok(()) => Ok(pending.added()),
@@ -1327,17 +1326,8 @@ impl Engine {
             self.unlock(&inv.container_id, lock).await;
             return out;
         };
-        // What is left of the record is written, and the locks released,
-        // in one trip; a failed write is the DEL's error.
-        let store = self.store.clone();
-        let saved = self
-            .unlock_after(&inv.container_id, lock, move || {
-                store
-                    .save(&record, Durability::Atomic)
-                    .map_err(Error::record)
-            })
-            .await;
-        match saved {
+        // A failed write of what is left of the record is the DEL's error.
+        match self.save_and_unlock(&inv.container_id, lock, record).await {
             Ok(()) => out,
             Err((e, lock)) => {
                 if let Some(lock) = lock {

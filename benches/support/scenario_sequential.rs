@@ -269,14 +269,20 @@ pub fn sequential(sec: &mut Section, c: &Counts, bridge: bool) {
                 },
             ]);
             if target != "—" {
+                // What the second process alone makes of the direct call.
+                let floor_ratio = match (ds.p50(), floor.p50()) {
+                    (Some(d), Some(f)) => ratio(Some(d + f), Some(d)),
+                    _ => None,
+                };
                 sec.target(Target::new(
                     &format!("{what} median"),
                     target,
                     format!(
-                        "{} ({} vs {})",
+                        "{} ({} vs {}); floor: direct + spawn floor = {}",
                         fmt_ratio(r50),
                         fmt_ms(ps.p50()),
-                        fmt_ms(ds.p50())
+                        fmt_ms(ds.p50()),
+                        fmt_ratio(floor_ratio)
                     ),
                     ok,
                 ));
@@ -453,7 +459,11 @@ fn spawn_floor_and_cpu(
             sec.target(Target::new(
                 &format!("plexus-shim CPU per loopback {cmd}"),
                 "≤ 0.5 ms",
-                fmt_ms_f(shim_cpu),
+                format!(
+                    "{}; floor: `/bin/true` {}",
+                    fmt_ms_f(shim_cpu),
+                    fmt_ms_f(ms(floor_cpu) / n.max(1) as f64)
+                ),
                 Some(shim_cpu <= 0.5),
             ));
             if k == 0 {
@@ -461,7 +471,7 @@ fn spawn_floor_and_cpu(
                     "plexusd CPU per loopback ADD",
                     "≤ 0.5 ms",
                     format!(
-                        "{} (running the plugin costs a direct caller {})",
+                        "{}; running the plugin costs a direct caller {}",
                         fmt_ms_f(daemon_cpu),
                         fmt_ms_f(per(direct.cpu_runner[0]))
                     ),

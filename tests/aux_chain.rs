@@ -129,14 +129,7 @@ fn a_pods_auxiliary_chain_should_show_no_network_status_entry() {
             ("aux".into(), "net1".into())
         ]
     );
-    let status: Value = serde_json::from_str(&api.network_status("ns1", "p").unwrap()).unwrap();
-    let names: Vec<&str> = status
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["cluster"]);
+    assert_eq!(api.network_status_names("ns1", "p"), ["cluster"]);
     ok(&daemon, &call("DEL").run(&daemon));
     assert!(!engine.record(id).exists());
 }

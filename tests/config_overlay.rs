@@ -8,7 +8,7 @@ mod support;
 use serde_json::{json, Value};
 use support::cni::{bridge, call_env, conflist, failed, ok, Engine};
 use support::daemon::Daemon;
-use support::kube::{pod_args, FakeApi, NETWORK_STATUS, NODE};
+use support::kube::{pod_args, FakeApi, NODE};
 use support::netns::{host_link_exists, Link, Netns, Subnet};
 use support::shim::{self, Run};
 
@@ -345,20 +345,10 @@ fn a_pods_networks_should_come_from_the_calls_configuration_too() {
     ok(&d, &call_with_args("ADD", "ovl-pod-1", &ns, &conf, &args));
     assert_in(&ns, "eth0", &cluster.subnet);
     assert_in(&ns, "net1", &blue.subnet);
-    let pod = api.pod("ns1", "web").unwrap();
-    let status: Value = serde_json::from_str(
-        pod["metadata"]["annotations"][NETWORK_STATUS]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
-    let names: Vec<&str> = status
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["netops/cl", "ns1/blue"]);
+    assert_eq!(
+        api.network_status_names("ns1", "web"),
+        ["netops/cl", "ns1/blue"]
+    );
     ok(&d, &call_with_args("DEL", "ovl-pod-1", &ns, &conf, &args));
     assert!(!ns.has_link("eth0") && !ns.has_link("net1"));
     assert_eq!(engine.reservations(&cluster.name), Vec::<String>::new());

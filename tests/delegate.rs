@@ -11,7 +11,7 @@ use std::fs;
 
 use base64::Engine as _;
 use serde_json::{json, Value};
-use support::cni::{address, bare, bridge, cni, conflist, ok, Call, Engine, SETTLE};
+use support::cni::{address, bare, bridge, cni, conflist, gc_call, ok, Call, Engine, SETTLE};
 use support::daemon::{wait_until, Daemon};
 use support::http::{self, Response};
 use support::netns::{bridge_ports, ip_ok, Link, Netns, Subnet};
@@ -257,19 +257,7 @@ fn gc_should_keep_a_hot_plugged_interface_with_its_pod_and_drop_it_with_it() {
 
 /// GC through plexus-shim with `valid` as the valid attachments.
 fn gc(d: &Daemon, valid: Value) {
-    let stdin = serde_json::to_vec(&json!({
-        "cniVersion": "1.1.0",
-        "name": "plexus",
-        "type": "plexus-shim",
-        "daemonSocketDir": d.sock.parent().unwrap(),
-        "cni.dev/valid-attachments": valid,
-    }))
-    .unwrap();
-    let run = shim::run(
-        [("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")],
-        &stdin,
-    );
-    ok(d, &run);
+    ok(d, &shim::finish(gc_call(d, valid)));
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::cni::{address, bare, bridge, cni, conflist, ok, Call, Engine, SETTLE};
+use support::cni::{address, bare, bridge, cni, conflist, gc_call, ok, Call, Engine, SETTLE};
 use support::daemon::{wait_until, Daemon, TestDir, PLEXUSD};
 use support::netns::{bridge_ports, Link, Netns, Subnet};
 use support::shim::{self, Run};
@@ -65,22 +65,6 @@ fn recorded_ifnames(e: &Engine, id: &str) -> BTreeSet<String> {
             a["ifname"].as_str().unwrap().to_string()
         })
         .collect()
-}
-
-/// A GC call through the shim with `valid` as the valid attachments.
-fn gc_call(d: &Daemon, valid: Value) -> std::process::Child {
-    let stdin = serde_json::to_vec(&json!({
-        "cniVersion": "1.1.0",
-        "name": "plexus",
-        "type": "plexus-shim",
-        "daemonSocketDir": d.sock.parent().unwrap(),
-        "cni.dev/valid-attachments": valid,
-    }))
-    .unwrap();
-    shim::spawn(
-        [("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")],
-        &stdin,
-    )
 }
 
 /// `plexusd show` used to remove the temporary files of writes in

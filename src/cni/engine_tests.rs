@@ -78,11 +78,18 @@ impl FakeRunner {
         self.calls.lock().unwrap().clone()
     }
 
+    /// The runs of `command`, in order.
+    fn calls_of(&self, command: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.command == command)
+            .collect()
+    }
+
     /// The runs of `command`, as "plugin/container/ifname", in order.
     fn runs(&self, command: &str) -> Vec<String> {
-        self.calls()
+        self.calls_of(command)
             .iter()
-            .filter(|c| c.command == command)
             .map(|c| format!("{}/{}/{}", c.plugin, c.container, c.ifname))
             .collect()
     }
@@ -443,12 +450,7 @@ async fn a_failed_add_should_be_rolled_back_in_reverse_and_leave_no_record() {
         r.runner.runs("DEL"),
         ["d/c1/net1", "c/c1/net1", "b/c1/eth0", "a/c1/eth0"]
     );
-    let dels: Vec<Call> = r
-        .runner
-        .calls()
-        .into_iter()
-        .filter(|c| c.command == "DEL")
-        .collect();
+    let dels = r.runner.calls_of("DEL");
     let prevs: Vec<Option<String>> = dels.iter().map(prev_of).collect();
     assert_eq!(
         prevs,
@@ -711,12 +713,7 @@ async fn gc_should_delete_only_attachments_missing_from_the_valid_list() {
     let c2 = r.store.get("c2").unwrap();
     assert!(c2.attachment("eth0").is_none() && c2.attachment("net1").is_some());
     // The plugins' GC is told about what is left, for each plugin.
-    let gcs: Vec<Call> = r
-        .runner
-        .calls()
-        .into_iter()
-        .filter(|c| c.command == "GC")
-        .collect();
+    let gcs = r.runner.calls_of("GC");
     assert_eq!(gcs.len(), 2);
     for c in gcs {
         assert_eq!(
@@ -798,12 +795,7 @@ async fn check_should_report_the_first_plugin_that_disagrees() {
     assert_eq!(e.code, 100, "{e}");
     assert!(e.msg.contains("address mismatch"), "{e}");
     // In order, stopping at the failure, each with the recorded result.
-    let checks: Vec<Call> = r
-        .runner
-        .calls()
-        .into_iter()
-        .filter(|c| c.command == "CHECK")
-        .collect();
+    let checks = r.runner.calls_of("CHECK");
     let names: Vec<&str> = checks.iter().map(|c| c.plugin.as_str()).collect();
     assert_eq!(names, ["a", "b", "c", "a", "b"]);
     assert!(checks.iter().all(|c| prev_of(c).as_deref() == Some("c")));
@@ -967,24 +959,14 @@ async fn gc_should_keep_what_multus_attached_for_valid_containers_and_del_the_re
         .await
         .unwrap();
     // m2's network, with its cached result as prevResult; nothing else.
-    let dels: Vec<Call> = r
-        .runner
-        .calls()
-        .into_iter()
-        .filter(|c| c.command == "DEL")
-        .collect();
+    let dels = r.runner.calls_of("DEL");
     assert_eq!(r.runner.runs("DEL"), ["a/m2/eth0"]);
     assert_eq!(prev_of(&dels[0]).as_deref(), Some("m2-if"));
     let dir = r._dir.path().join("multus");
     assert!(dir.join("m1").is_file() && dir.join("results/n-m1-eth0").is_file());
     assert!(!dir.join("m2").exists() && !dir.join("results/n-m2-eth0").exists());
     // The plugins' GC keeps what multus attached for m1.
-    let gcs: Vec<Call> = r
-        .runner
-        .calls()
-        .into_iter()
-        .filter(|c| c.command == "GC")
-        .collect();
+    let gcs = r.runner.calls_of("GC");
     assert_eq!(gcs.len(), 1);
     assert_eq!(
         gcs[0].stdin["cni.dev/valid-attachments"],
@@ -1071,12 +1053,7 @@ async fn a_multus_container_should_be_deled_in_reverse_and_checked_in_order() {
         ["a/m1/eth0", "b/m1/eth0", "c/m1/net1", "d/m1/fast0"]
     );
     del(&r.engine, "m1", "eth0").await.unwrap();
-    let dels: Vec<Call> = r
-        .runner
-        .calls()
-        .into_iter()
-        .filter(|c| c.command == "DEL")
-        .collect();
+    let dels = r.runner.calls_of("DEL");
     let seen: Vec<(String, Option<String>)> = dels
         .iter()
         .map(|c| (format!("{}/{}", c.plugin, c.ifname), prev_of(c)))

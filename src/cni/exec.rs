@@ -149,41 +149,12 @@ pub enum ExecError {
 }
 
 /// What must be done before a plugin may read its configuration (see
-/// [`Runner::run_gated`]): `Ok` lets it go on, `Err` stops it.
-pub enum Gate {
-    /// Done elsewhere: the plugin waits for this future.
-    Wait(std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>),
-    /// Blocking work, done in the spawn's own trip to the blocking pool
-    /// right after the plugin started (and was noted in the journal), so
-    /// it overlaps the plugin's start without a hand-off of its own. It
-    /// runs even when the spawn fails, and only once (not again when the
-    /// spawn is retried).
-    Work(Work),
-}
-
-/// Blocking work of a [`Gate::Work`].
-pub type Work = Box<dyn FnOnce() -> Result<(), String> + Send>;
-
-impl Gate {
-    /// Its outcome, waited for or done on the blocking pool.
-    pub async fn outcome(self) -> Result<(), String> {
-        match self {
-            Gate::Wait(f) => f.await,
-            Gate::Work(w) => tokio::task::spawn_blocking(w)
-                .await
-                .unwrap_or_else(|e| Err(format!("the work was lost: {e}"))),
-        }
-    }
-}
-
-impl std::fmt::Debug for Gate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Gate::Wait(_) => "Gate::Wait",
-            Gate::Work(_) => "Gate::Work",
-        })
-    }
-}
+/// [`Runner::run_gated`]): blocking work, done in the spawn's own trip to
+/// the blocking pool right after the plugin started (and was noted in the
+/// journal), so it overlaps the plugin's start without a hand-off of its
+/// own. It runs even when the spawn fails, and only once (not again when
+/// the spawn is retried). `Ok` lets the plugin go on, `Err` stops it.
+pub type Gate = Box<dyn FnOnce() -> Result<(), String> + Send>;
 
 impl ExecError {
     /// The CNI error code this failure is reported with.
@@ -594,11 +565,10 @@ impl Runner {
 
     /// [`Runner::run`] whose plugin is started at once but given its
     /// stdin only once `gate` is `Ok`: the process start (exec, the Go
-    /// runtime's start-up, several hundred microseconds) overlaps what the
-    /// gate waits for, and the plugin still acts on nothing before it,
-    /// since a CNI plugin reads its whole configuration before it does
-    /// anything. When `gate` fails, or does not finish within the
-    /// plugin's timeout, the plugin's group is killed and reaped before it
+    /// runtime's start-up, several hundred microseconds) overlaps the
+    /// gate's work, and the plugin still acts on nothing before it, since
+    /// a CNI plugin reads its whole configuration before it does anything.
+    /// When `gate` fails, the plugin's group is killed and reaped before it
     /// read a byte.
     pub async fn run_gated(
         &self,
@@ -651,24 +621,8 @@ impl Runner {
         timeout: Duration,
     ) -> Result<Vec<u8>, ExecError> {
         let cmd = self.command(plugin, env);
-        let (wait, work) = match gate {
-            Some(Gate::Wait(f)) => (Some(f), None),
-            Some(Gate::Work(w)) => (None, Some(w)),
-            None => (None, None),
-        };
-        let (process, worked) = Process::start(cmd, plugin, self.journal_for(env), work).await?;
-        let why = match (worked, wait) {
-            (Some(Err(why)), _) => Some(why),
-            (_, Some(wait)) => match tokio::time::timeout(timeout, wait).await {
-                Ok(Ok(())) => None,
-                Ok(Err(why)) => Some(why),
-                Err(_) => Some(format!(
-                    "not done within {}",
-                    crate::duration::format(timeout)
-                )),
-            },
-            _ => None,
-        };
+        let (process, worked) = Process::start(cmd, plugin, self.journal_for(env), gate).await?;
+        let why = worked.and_then(Result::err);
         if let Some(why) = why {
             process.stop().await;
             return Err(ExecError::Held {
@@ -757,7 +711,7 @@ impl Process {
         cmd: std::process::Command,
         plugin: &Plugin,
         journal: Option<(Arc<dyn Journal>, String)>,
-        work: Option<Work>,
+        work: Option<Gate>,
     ) -> Result<(Self, Option<Result<(), String>>), ExecError> {
         let ((mut child, reaper), worked) = spawn(cmd, plugin, journal, work).await?;
         let stdin = take_pipe(
@@ -995,7 +949,7 @@ async fn spawn(
     mut cmd: std::process::Command,
     plugin: &Plugin,
     journal: Option<(Arc<dyn Journal>, String)>,
-    mut work: Option<Work>,
+    mut work: Option<Gate>,
 ) -> Result<((Child, Reaper), Option<Result<(), String>>), ExecError> {
     let mut tries = 0;
     let mut worked = None;
@@ -1373,33 +1327,6 @@ mod tests {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
-    /// A plugin `gated` in a new directory that writes its pid to
-    /// `started` (whole, by a rename), then copies its stdin to `got`:
-    /// (the directory, `started`, `got`).
-    fn gated_plugin() -> (tempfile::TempDir, PathBuf, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let started = dir.path().join("started");
-        let got = dir.path().join("got");
-        script(
-            dir.path(),
-            "gated",
-            &format!(
-                "echo $$ > {s}.tmp; mv {s}.tmp {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
-                s = started.display(),
-                g = got.display()
-            ),
-        );
-        (dir, started, got)
-    }
-
-    fn read_pid(path: &Path) -> i32 {
-        std::fs::read_to_string(path)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    }
-
     fn env() -> CallEnv {
         CallEnv {
             command: "ADD",
@@ -1462,13 +1389,24 @@ mod tests {
     /// unread when it fails. The work runs once, even when the spawn fails.
     #[tokio::test]
     async fn a_gates_work_should_run_while_the_plugin_starts_and_hold_its_stdin() {
-        let (dir, started, got) = gated_plugin();
+        let dir = tempfile::tempdir().unwrap();
+        let started = dir.path().join("started");
+        let got = dir.path().join("got");
+        script(
+            dir.path(),
+            "gated",
+            &format!(
+                "echo $$ > {s}.tmp; mv {s}.tmp {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
+                s = started.display(),
+                g = got.display()
+            ),
+        );
         let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10), None);
         let plugin = r.find("gated").unwrap();
         for open in [true, false] {
             let _ = std::fs::remove_file(&started);
             let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let work: Work = {
+            let work: Gate = {
                 let (started, got, ran) = (started.clone(), got.clone(), ran.clone());
                 Box::new(move || {
                     // The plugin runs already; it has read nothing.
@@ -1489,11 +1427,13 @@ mod tests {
                     }
                 })
             };
-            let out = r
-                .run_gated(&plugin, &env(), b"config".to_vec(), Gate::Work(work))
-                .await;
+            let out = r.run_gated(&plugin, &env(), b"config".to_vec(), work).await;
             assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
-            let pid = read_pid(&started);
+            let pid: i32 = std::fs::read_to_string(&started)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
             if open {
                 assert_eq!(out.unwrap(), b"{\"cniVersion\":\"1.0.0\"}\n");
                 assert_eq!(std::fs::read(&got).unwrap(), b"config");
@@ -1510,7 +1450,7 @@ mod tests {
         let broken = dir.path().join("broken");
         std::fs::write(&broken, "not a program").unwrap();
         let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let work: Work = {
+        let work: Gate = {
             let ran = ran.clone();
             Box::new(move || {
                 ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -1522,65 +1462,12 @@ mod tests {
                 &Plugin::unlocated("broken", broken),
                 &env(),
                 b"config".to_vec(),
-                Gate::Work(work),
+                work,
             )
             .await
             .unwrap_err();
         assert!(matches!(e, ExecError::Spawn { .. }), "{e}");
         assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
-    }
-
-    #[tokio::test]
-    async fn a_gated_plugin_should_start_at_once_and_read_nothing_before_the_gate() {
-        let (dir, started, got) = gated_plugin();
-        let r = Arc::new(Runner::new(
-            vec![dir.path().into()],
-            Duration::from_secs(10),
-            None,
-        ));
-        let wait_for = |path: &Path| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !path.exists() {
-                assert!(std::time::Instant::now() < deadline, "{path:?} never came");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        };
-        for open in [true, false] {
-            let _ = std::fs::remove_file(&started);
-            let (tx, rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
-            let gate = Gate::Wait(Box::pin(async move {
-                rx.await.unwrap_or(Err("dropped".into()))
-            }));
-            let run = {
-                let r = r.clone();
-                tokio::spawn(async move {
-                    let plugin = r.find("gated").unwrap();
-                    r.run_gated(&plugin, &env(), b"config".to_vec(), gate).await
-                })
-            };
-            // The process runs before the gate opens, blocked on its stdin.
-            let started_c = started.clone();
-            tokio::task::spawn_blocking(move || wait_for(&started_c))
-                .await
-                .unwrap();
-            assert!(!got.exists(), "the plugin read its stdin before the gate");
-            let pid = read_pid(&started);
-            if open {
-                tx.send(Ok(())).unwrap();
-                assert_eq!(run.await.unwrap().unwrap(), b"{\"cniVersion\":\"1.0.0\"}\n");
-                assert_eq!(std::fs::read(&got).unwrap(), b"config");
-                std::fs::remove_file(&got).unwrap();
-            } else {
-                tx.send(Err("the disk is full".into())).unwrap();
-                let e = run.await.unwrap().unwrap_err();
-                assert!(matches!(e, ExecError::Held { .. }), "{e}");
-                assert!(e.to_string().contains("the disk is full"), "{e}");
-                assert_eq!(e.code(), code::IO_FAILURE);
-                // Stopped and reaped without reading anything.
-                assert!(!got.exists());
-                assert!(!Path::new(&format!("/proc/{pid}")).exists(), "not reaped");
-            }
-        }
     }
 
     #[tokio::test]

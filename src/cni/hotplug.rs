@@ -139,11 +139,7 @@ impl Engine {
             self.del_recorded(&recorded, &inv.netns, &att, &d, d.result.as_ref(), &[])
                 .await
         };
-        Error::all_ok(
-            Command::Del,
-            || format!("container {id:?} ifname {:?}", inv.ifname),
-            errors,
-        )?;
+        Error::dels_ok(inv, errors)?;
         if let Some(a) = record.attachment_mut(&att.ifname) {
             a.delegates.retain(|x| x.ifname != inv.ifname);
         }
@@ -164,11 +160,7 @@ impl Engine {
         let errors = self
             .del_chain(&given.list, &env, &cap_args, None, &[])
             .await;
-        Error::all_ok(
-            Command::Del,
-            || format!("container {:?} ifname {:?}", inv.container_id, inv.ifname),
-            errors,
-        )
+        Error::dels_ok(inv, errors)
     }
 
     /// CHECK of the one recorded network on interface `inv.ifname`, with

@@ -188,6 +188,15 @@ impl Error {
         }
     }
 
+    /// [`Error::all_ok`] for the DEL of the attachment `inv` names.
+    fn dels_ok(inv: &Invocation, errors: Vec<Error>) -> Result<(), Self> {
+        Self::all_ok(
+            Command::Del,
+            || format!("container {:?} ifname {:?}", inv.container_id, inv.ifname),
+            errors,
+        )
+    }
+
     fn join(command: Command, what: &str, errors: Vec<Error>) -> Self {
         let first = errors.first().map(|e| e.code).unwrap_or(code::INTERNAL);
         let n = errors.len();
@@ -305,10 +314,8 @@ struct OpLock<'a> {
 /// An ADD whose networks were all added, before the record's last write.
 struct AddPending {
     record: Record,
-    /// The attachment the ADD made.
+    /// The attachment the ADD made (one delegate per network).
     slot: usize,
-    /// How many networks it has.
-    networks: usize,
 }
 
 impl AddPending {
@@ -1009,7 +1016,7 @@ impl Engine {
             let _ = tx.send(r.clone());
             r
         });
-        (Synced(rx), Gate::Work(work))
+        (Synced(rx), work)
     }
 
     async fn save_record(&self, record: &Record, durability: Durability) -> Result<(), Error> {
@@ -1110,12 +1117,8 @@ impl Engine {
     /// Rolls back every network of an ADD whose last record write failed
     /// with `cause`.
     async fn roll_back_saved(&self, inv: &Invocation, pending: AddPending, cause: Error) -> Error {
-        let AddPending {
-            mut record,
-            slot,
-            networks,
-        } = pending;
-        let last = networks.saturating_sub(1);
+        let AddPending { mut record, slot } = pending;
+        let last = record.attachments[slot].delegates.len().saturating_sub(1);
         self.roll_back(inv, &mut record, slot, last, None, cause)
             .await
     }
@@ -1227,11 +1230,7 @@ impl Engine {
                 }
             }
         }
-        Ok(AddPending {
-            record,
-            slot,
-            networks: planned.len(),
-        })
+        Ok(AddPending { record, slot })
     }
 
     /// Undoes networks `0..=failed` of attachment `slot` after `cause`;
@@ -1503,11 +1502,7 @@ impl Engine {
             a.delegates = left;
         }
         record.attachments.retain(|a| !a.delegates.is_empty());
-        Error::all_ok(
-            Command::Del,
-            || format!("container {:?} ifname {:?}", inv.container_id, inv.ifname),
-            errors,
-        )
+        Error::dels_ok(&inv, errors)
     }
 
     /// CHECK: verifies every recorded network of the attachment with the

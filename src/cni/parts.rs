@@ -52,7 +52,10 @@ pub trait PluginRunner: Send + Sync + fmt::Debug + 'static {
         gate: Gate,
     ) -> BoxFuture<'a, Result<Vec<u8>, ExecError>> {
         Box::pin(async move {
-            gate.outcome().await.map_err(|why| ExecError::Held {
+            let outcome = tokio::task::spawn_blocking(gate)
+                .await
+                .unwrap_or_else(|e| Err(format!("the work was lost: {e}")));
+            outcome.map_err(|why| ExecError::Held {
                 plugin: plugin.name.clone(),
                 why,
             })?;

@@ -418,3 +418,20 @@ pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
 
 /// How long tests wait for the system to settle (processes to go away).
 pub const SETTLE: Duration = Duration::from_secs(10);
+
+/// A GC through plexus-shim (started, not waited for) with `valid` as the
+/// valid attachments.
+pub fn gc_call(daemon: &Daemon, valid: Value) -> Child {
+    let stdin = serde_json::to_vec(&json!({
+        "cniVersion": "1.1.0",
+        "name": "plexus",
+        "type": "plexus-shim",
+        "daemonSocketDir": daemon.sock.parent().unwrap(),
+        "cni.dev/valid-attachments": valid,
+    }))
+    .unwrap();
+    shim::spawn(
+        [("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")],
+        &stdin,
+    )
+}

@@ -212,6 +212,21 @@ impl FakeApi {
             .map(str::to_string)
     }
 
+    /// The network names in the pod's network-status annotation, in
+    /// order; empty without one.
+    pub fn network_status_names(&self, namespace: &str, name: &str) -> Vec<String> {
+        let Some(text) = self.network_status(namespace, name) else {
+            return Vec::new();
+        };
+        let status: Value = serde_json::from_str(&text).expect("network-status is JSON");
+        status
+            .as_array()
+            .expect("network-status is a list")
+            .iter()
+            .map(|e| e["name"].as_str().expect("a name").to_string())
+            .collect()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

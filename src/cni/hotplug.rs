@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::record::{Attachment, Delegate, Durability, Record};
 use super::types::Invocation;
-use super::{recorded_list, Engine, Error, ErrorKind, Loaded, Planned, State};
+use super::{Engine, Error, ErrorKind, Loaded, Planned, State};
 use crate::api::code;
 use crate::api::Command;
 
@@ -193,23 +193,7 @@ impl Engine {
                 ),
             ));
         };
-        if d.state != State::Added {
-            return Err(Error::new(
-                ErrorKind::Failed,
-                code::UNKNOWN_CONTAINER,
-                format!("network {:?}: its ADD did not complete", d.name),
-            ));
-        }
-        let list = recorded_list(d).map_err(Error::config)?;
-        let env = self.call_env(
-            Command::Check,
-            inv,
-            &d.ifname,
-            &inv.netns,
-            d.cni_args.as_deref(),
-        );
-        self.check_network(&list, &env, d.result.as_ref(), d.capability_args_in(att))
-            .await
+        self.check_recorded(inv, att, d).await
     }
 }
 

@@ -1532,25 +1532,36 @@ impl Engine {
             ));
         };
         for d in &att.delegates {
-            if d.state != State::Added {
-                return Err(Error::new(
-                    ErrorKind::Failed,
-                    code::UNKNOWN_CONTAINER,
-                    format!("network {:?}: its ADD did not complete", d.name),
-                ));
-            }
-            let list = recorded_list(d).map_err(Error::config)?;
-            let env = self.call_env(
-                Command::Check,
-                inv,
-                &d.ifname,
-                &inv.netns,
-                d.cni_args.as_deref(),
-            );
-            self.check_network(&list, &env, d.result.as_ref(), d.capability_args_in(att))
-                .await?;
+            self.check_recorded(inv, att, d).await?;
         }
         Ok(())
+    }
+
+    /// CHECK of network `d` of attachment `att` with its recorded config
+    /// and result; refused when its ADD did not complete.
+    async fn check_recorded(
+        &self,
+        inv: &Invocation,
+        att: &Attachment,
+        d: &Delegate,
+    ) -> Result<(), Error> {
+        if d.state != State::Added {
+            return Err(Error::new(
+                ErrorKind::Failed,
+                code::UNKNOWN_CONTAINER,
+                format!("network {:?}: its ADD did not complete", d.name),
+            ));
+        }
+        let list = recorded_list(d).map_err(Error::config)?;
+        let env = self.call_env(
+            Command::Check,
+            inv,
+            &d.ifname,
+            &inv.netns,
+            d.cni_args.as_deref(),
+        );
+        self.check_network(&list, &env, d.result.as_ref(), d.capability_args_in(att))
+            .await
     }
 
     /// CHECK of one network: every plugin at 0.4.0 or later, with `result`

@@ -14,7 +14,8 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::{
-    activation, api, cni, duration, k8s, limit, logging, readiness_file, selection, server, trust,
+    activation, api, cni, device_info, duration, json, k8s, limit, logging, readiness_file,
+    selection, server, trust,
 };
 
 /// Where the daemon looks for its configuration by default.
@@ -340,7 +341,7 @@ impl Config {
             .unwrap_or_else(|| k8s::devices::DEFAULT_CHECKPOINT_FILE.into());
         let device_info_dir = f
             .path("deviceInfoDir")
-            .unwrap_or_else(|| k8s::devices::DEFAULT_DEVICE_INFO_DIR.into());
+            .unwrap_or_else(|| device_info::DEFAULT_DIR.into());
 
         // A call's network configuration may set the network keys this
         // file leaves unset (multus's overlay).
@@ -514,7 +515,7 @@ impl Fields<'_> {
         match self.get(key)? {
             Value::String(s) => Some(s.clone()),
             other => {
-                let why = format!("must be a string, found {}", json_kind(other));
+                let why = format!("must be a string, found {}", json::kind(other));
                 self.problem(key, why);
                 None
             }
@@ -563,7 +564,7 @@ impl Fields<'_> {
             other => {
                 let why = format!(
                     "must be a list of network configurations (JSON objects), found {}",
-                    json_kind(other)
+                    json::kind(other)
                 );
                 self.problem(key, why);
                 Vec::new()
@@ -575,7 +576,7 @@ impl Fields<'_> {
     fn string_list(&mut self, key: &str) -> Option<Vec<String>> {
         let v = self.get(key)?;
         let Value::Array(items) = v else {
-            let why = format!("must be a list of strings, found {}", json_kind(v));
+            let why = format!("must be a list of strings, found {}", json::kind(v));
             self.problem(key, why);
             return None;
         };
@@ -586,7 +587,7 @@ impl Fields<'_> {
                 other => {
                     let why = format!(
                         "item {i} must be a non-empty string, found {}",
-                        json_kind(other)
+                        json::kind(other)
                     );
                     self.problem(key, why);
                     return None;
@@ -615,7 +616,7 @@ impl Fields<'_> {
         match self.get(key)? {
             Value::Bool(b) => Some(*b),
             other => {
-                let why = format!("must be true or false, found {}", json_kind(other));
+                let why = format!("must be true or false, found {}", json::kind(other));
                 self.problem(key, why);
                 None
             }
@@ -633,7 +634,7 @@ impl Fields<'_> {
             None => {
                 let why = format!(
                     "must be a whole number greater than 0, found {}",
-                    json_kind(v)
+                    json::kind(v)
                 );
                 self.problem(key, why);
                 None
@@ -676,7 +677,7 @@ impl Fields<'_> {
         let Value::String(s) = v else {
             let why = format!(
                 "must be a duration string such as \"10s\" or \"500ms\", found {}",
-                json_kind(v)
+                json::kind(v)
             );
             self.problem(key, why);
             return None;
@@ -713,18 +714,6 @@ impl Fields<'_> {
                 None
             }
         }
-    }
-}
-
-/// What kind of JSON value `v` is, for messages ("found a number").
-pub fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
     }
 }
 

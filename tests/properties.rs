@@ -488,7 +488,7 @@ proptest! {
             "\\{(\"(type|pci|PCI|vdpa|memif|vhost-user|version|pci-address|x)\": ?(\"[a-z<]{0,4}\"|null|1|\\{\\}|\\[\\]),? ?){0,5}\\}".prop_map(String::into_bytes),
         ],
     ) {
-        use plexus::k8s::status::DeviceInfo;
+        use plexus::device_info::DeviceInfo;
         if let Some(d) = DeviceInfo::parse(&bytes) {
             let text = serde_json::to_string(&d).unwrap();
             prop_assert_eq!(DeviceInfo::parse(text.as_bytes()), Some(d));

@@ -9,7 +9,7 @@
 use libfuzzer_sys::fuzz_target;
 use plexus::api::Request;
 use plexus::api::Command;
-use plexus::cni::types::{self, Invocation};
+use plexus::netconf::{self, Invocation};
 use plexus::{handler, selection};
 
 fuzz_target!(|data: &[u8]| {
@@ -24,15 +24,15 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(again.config, request.config);
 
     // The handler's checks, in its order.
-    if types::validate_env(request.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))).is_err() {
+    if netconf::validate_env(request.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))).is_err() {
         return;
     }
     let Ok(inv) = Invocation::from_env(|k| request.env.get(k).cloned()) else {
         return;
     };
     if inv.command.has_attachment() {
-        assert!(types::is_valid_container_id(&inv.container_id));
-        assert!(types::validate_ifname(&inv.ifname).is_ok());
+        assert!(netconf::is_valid_container_id(&inv.container_id));
+        assert!(netconf::validate_ifname(&inv.ifname).is_ok());
     }
     let Ok((requested, rest)) = selection::take_from_args(&inv.arg_pairs) else {
         return;

@@ -1,5 +1,5 @@
 //! Network configurations on disk: finding a network by name in `confDir`
-//! (or by path) and reading its file. Parsing is [`super::types`]'s job.
+//! (or by path) and reading its file. Parsing is [`crate::netconf`]'s job.
 //! Everything here blocks (directory listings and reads): call it on the
 //! blocking pool.
 //!
@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 
-use super::types::{ConfigError, NetworkList};
+use crate::netconf::{ConfigError, NetworkList};
 
 /// What a path was when it was looked at: enough to tell that it changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

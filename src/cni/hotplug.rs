@@ -12,10 +12,10 @@
 use serde_json::{Map, Value};
 
 use super::record::{Attachment, Delegate, Durability, Record};
-use super::types::Invocation;
 use super::{Engine, Error, ErrorKind, Loaded, Planned, State};
 use crate::api::code;
 use crate::api::Command;
+use crate::netconf::Invocation;
 
 impl Engine {
     /// Adds network `planned` on interface `inv.ifname` of a container the

@@ -45,7 +45,6 @@ pub mod netns;
 pub mod parts;
 pub mod record;
 pub mod show;
-pub mod types;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -64,10 +63,10 @@ use self::record::{
     Attachment, Delegate, Durability, Held, Locks, MarkerState, Markers, Record, Released, State,
     Store,
 };
-use self::types::{at_least, negotiate, Invocation, NetworkList};
 use crate::api::code;
 use crate::api::Command;
 use crate::metrics::Metrics;
+use crate::netconf::{self, at_least, negotiate, Invocation, NetworkList};
 use crate::result;
 
 /// Plugin search path when `binDir` is not set: containerd's and CRI-O's
@@ -108,7 +107,7 @@ impl Default for Config {
             conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             plugin_timeout: DEFAULT_PLUGIN_TIMEOUT,
-            device_info_dir: PathBuf::from(crate::k8s::devices::DEFAULT_DEVICE_INFO_DIR),
+            device_info_dir: PathBuf::from(crate::device_info::DEFAULT_DIR),
             cni_dir: PathBuf::from(multus_cache::DEFAULT_CNI_DIR),
         }
     }
@@ -149,7 +148,7 @@ impl Error {
         self
     }
 
-    fn config(e: types::ConfigError) -> Self {
+    fn config(e: netconf::ConfigError) -> Self {
         Self::new(
             ErrorKind::Invalid,
             code::INVALID_NETWORK_CONFIG,
@@ -988,7 +987,7 @@ impl Engine {
             return;
         };
         let path = PathBuf::from(file);
-        if !crate::k8s::devices::is_cni_file(&self.config.device_info_dir, &path) {
+        if !crate::device_info::is_cni_file(&self.config.device_info_dir, &path) {
             return;
         }
         match tokio::fs::remove_file(&path).await {
@@ -1284,7 +1283,7 @@ impl Engine {
     /// `None` when nothing is, or the id is not a valid container id.
     /// A damaged record is reported as such. Reads only, without a lock.
     pub async fn attachments(&self, container_id: &str) -> Result<Option<Value>, Error> {
-        if !types::is_valid_container_id(container_id) {
+        if !netconf::is_valid_container_id(container_id) {
             return Ok(None);
         }
         let store = self.store.clone();
@@ -1972,7 +1971,7 @@ fn recorded_types(record: &Record) -> Vec<String> {
     types
 }
 
-fn recorded_list(d: &Delegate) -> Result<NetworkList, types::ConfigError> {
+fn recorded_list(d: &Delegate) -> Result<NetworkList, netconf::ConfigError> {
     NetworkList::from_value(
         &PathBuf::from(format!("<record of network {}>", d.name)),
         d.config.clone(),

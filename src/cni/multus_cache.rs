@@ -31,10 +31,10 @@ use serde_json::{Map, Value};
 
 use super::exec::CallEnv;
 use super::record::{self, read_regular, Store, Unreadable};
-use super::types::{self, ConfigError, Invocation, NetworkList};
 use super::{blocking, Engine, ErrorKind};
 use crate::api::{code, Command};
 use crate::names::check_ifname;
+use crate::netconf::{self, ConfigError, Invocation, NetworkList};
 
 /// multus's default `cniDir`.
 pub const DEFAULT_CNI_DIR: &str = "/var/lib/cni/multus";
@@ -244,7 +244,7 @@ impl Caches {
     /// multus's delegates for `container_id`, in multus's order; `None`
     /// when it left no delegate cache for it.
     pub fn load(&self, container_id: &str) -> Result<Option<Vec<CachedDelegate>>, Error> {
-        if !types::is_valid_container_id(container_id) || container_id == RESULTS {
+        if !netconf::is_valid_container_id(container_id) || container_id == RESULTS {
             return Ok(None);
         }
         let path = self.delegates_path(container_id);
@@ -291,7 +291,7 @@ impl Caches {
     pub fn containers(&self) -> Result<Vec<String>, Error> {
         let mut ids: Vec<String> = list_names(&self.dir)?
             .into_iter()
-            .filter(|n| n != RESULTS && types::is_valid_container_id(n))
+            .filter(|n| n != RESULTS && netconf::is_valid_container_id(n))
             .collect();
         ids.sort();
         Ok(ids)
@@ -445,7 +445,7 @@ fn parse_result(path: &Path, text: &[u8]) -> Result<CachedResult, Error> {
             raw.kind.unwrap_or_default()
         )));
     }
-    if !types::is_valid_container_id(&raw.container_id) {
+    if !netconf::is_valid_container_id(&raw.container_id) {
         return Err(damaged(format!(
             "containerId {:?} is not a container id",
             raw.container_id
@@ -458,14 +458,14 @@ fn parse_result(path: &Path, text: &[u8]) -> Result<CachedResult, Error> {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(";");
-            types::validate_env_value("CNI_ARGS", &joined)
+            netconf::validate_env_value("CNI_ARGS", &joined)
                 .map_err(|e| damaged(format!("cniArgs: {}", e.msg)))?;
             Some(joined)
         }
         _ => None,
     };
     let netns = raw.netns.unwrap_or_default();
-    types::validate_env_value("CNI_NETNS", &netns)
+    netconf::validate_env_value("CNI_NETNS", &netns)
         .map_err(|e| damaged(format!("netns: {}", e.msg)))?;
     if raw.result.as_ref().is_some_and(|r| !r.is_object()) {
         return Err(damaged("result is not a JSON object".into()));

@@ -18,9 +18,9 @@ use serde_json::{Map, Value};
 
 use super::{failure, Networks};
 use crate::api::{self, code, Command};
-use crate::cni::types::{self, Invalid, Invocation};
 use crate::cni::{self, ErrorKind, Planned};
-use crate::k8s::{self, PodRef};
+use crate::k8s::PodRef;
+use crate::netconf::{self, Invalid, Invocation};
 use crate::result;
 use crate::selection::multus::{self, Problem, RuntimeInherit, Selection};
 use crate::selection::nad;
@@ -40,7 +40,7 @@ impl Networks {
         };
         let bad_env =
             |msg: String| Failure::new(FailureKind::InvalidRequest, code::INVALID_ENVIRONMENT, msg);
-        types::validate_env(request.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        netconf::validate_env(request.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(invalid)?;
         let inv = Invocation::from_env(|k| request.env.get(k).cloned()).map_err(invalid)?;
         let pod = PodRef::from_args(&inv.arg_pairs).map_err(|e| bad_env(e.to_string()))?;
@@ -92,7 +92,7 @@ fn attributes(value: Option<&Value>) -> Result<Selection, Failure> {
         Some(other) => {
             return Err(bad(format!(
                 "must be an object, found {}",
-                crate::config::json_kind(other)
+                crate::json::kind(other)
             )));
         }
     };
@@ -155,7 +155,7 @@ fn network(
             container_id: &inv.container_id,
             ifname: &inv.ifname,
             allocated_device: None,
-            device_info_dir: Path::new(k8s::devices::DEFAULT_DEVICE_INFO_DIR),
+            device_info_dir: Path::new(crate::device_info::DEFAULT_DIR),
         },
     ));
     let legacy = multus::legacy_cni_args(attributes);
@@ -200,7 +200,7 @@ mod tests {
             netns: "/run/netns/x".into(),
             ifname: "net5".into(),
             args: args.into(),
-            arg_pairs: types::parse_args(args).unwrap(),
+            arg_pairs: netconf::parse_args(args).unwrap(),
         }
     }
 

@@ -11,10 +11,11 @@ use serde_json::{Map, Value};
 use super::routes_in_pod::{self, Marks};
 use super::{failure, Kubernetes, Networks};
 use crate::api::code;
-use crate::cni::types::{Invocation, NetworkList};
 use crate::cni::{self, Planned};
-use crate::k8s::devices::{self, DeviceError, Devices};
+use crate::device_info;
+use crate::k8s::devices::{DeviceError, Devices};
 use crate::k8s::{self, status, PodInfo, PodRef};
+use crate::netconf::{self, Invocation, NetworkList};
 use crate::result;
 use crate::selection::{self, multus, nad};
 use crate::server::{Failure, FailureKind, Reply};
@@ -320,7 +321,10 @@ impl Networks {
                 // plugin's device-info file copied to the network's.
                 let copy_device_info = n.device.as_ref().and_then(|(resource, id)| {
                     let to = rc.get("CNIDeviceInfoFile")?.as_str()?;
-                    Some((devices::dp_file(info_dir, resource, id), PathBuf::from(to)))
+                    Some((
+                        device_info::dp_file(info_dir, resource, id),
+                        PathBuf::from(to),
+                    ))
                 });
                 planned.capability_args = Some(rc);
                 PodNetwork {
@@ -364,11 +368,11 @@ impl Networks {
         };
         let delegate = nad::delegate_for_selection(sel, spec.as_deref(), move |_| match file {
             Some(Ok(list)) => Ok(list),
-            Some(Err(e)) => Err(cni::types::ConfigError::File {
+            Some(Err(e)) => Err(netconf::ConfigError::File {
                 file: "confDir".into(),
                 why: e.msg,
             }),
-            None => Err(cni::types::ConfigError::File {
+            None => Err(netconf::ConfigError::File {
                 file: "confDir".into(),
                 why: "no file was looked up".into(),
             }),
@@ -432,7 +436,7 @@ fn device_info_file(dir: &std::path::Path, planned: &Planned) -> Option<PathBuf>
         .get("CNIDeviceInfoFile")?
         .as_str()?;
     let path = PathBuf::from(file);
-    devices::is_cni_file(dir, &path).then_some(path)
+    device_info::is_cni_file(dir, &path).then_some(path)
 }
 
 /// Copies device plugins' device-info files to the networks' (before the
@@ -441,7 +445,7 @@ fn device_info_file(dir: &std::path::Path, planned: &Planned) -> Option<PathBuf>
 async fn copy_device_info(copies: Vec<(PathBuf, PathBuf)>) {
     let done = tokio::task::spawn_blocking(move || {
         for (from, to) in copies {
-            if let Err(e) = devices::copy_from_dp(&from, &to) {
+            if let Err(e) = device_info::copy_from_dp(&from, &to) {
                 tracing::warn!(from = %from.display(), to = %to.display(), cause = %e, "cannot copy a device plugin's device-info file");
             }
         }
@@ -454,7 +458,7 @@ async fn copy_device_info(copies: Vec<(PathBuf, PathBuf)>) {
 
 /// The networks' device-info, read after the plugins ran (a plugin may
 /// have written or completed the file).
-async fn load_device_info(files: Vec<Option<PathBuf>>) -> Vec<Option<status::DeviceInfo>> {
+async fn load_device_info(files: Vec<Option<PathBuf>>) -> Vec<Option<device_info::DeviceInfo>> {
     let n = files.len();
     if files.iter().all(Option::is_none) {
         return vec![None; n];
@@ -462,7 +466,7 @@ async fn load_device_info(files: Vec<Option<PathBuf>>) -> Vec<Option<status::Dev
     tokio::task::spawn_blocking(move || {
         files
             .iter()
-            .map(|f| f.as_deref().and_then(devices::load))
+            .map(|f| f.as_deref().and_then(device_info::load))
             .collect()
     })
     .await

@@ -11,9 +11,9 @@ use serde_json::{Map, Value};
 
 use crate::api::Command;
 use crate::api::{self, code};
-use crate::cni::types::{self, Invalid, Invocation, NetworkList};
 use crate::cni::{self, Engine, ErrorKind, Planned};
 use crate::k8s;
+use crate::netconf::{self, Invalid, Invocation, NetworkList};
 
 mod delegate;
 mod kube;
@@ -154,7 +154,7 @@ impl Networks {
         let invalid = |i: Invalid| {
             Failure::new(FailureKind::InvalidRequest, i.code, i.msg).with_details(i.details)
         };
-        types::validate_env(request.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        netconf::validate_env(request.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(invalid)?;
         let mut inv = Invocation::from_env(|k| request.env.get(k).cloned()).map_err(invalid)?;
         // PLEXUS_NETWORKS is ours: the plugins never see it (host-local,

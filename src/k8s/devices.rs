@@ -16,8 +16,8 @@
 //! kubelets answer just as well).
 
 use std::collections::BTreeMap;
-use std::io::{self, Read};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
@@ -25,24 +25,17 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::Deserialize;
 
-use super::status::DeviceInfo;
-
 /// The kubelet's pod-resources socket.
 pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 /// The kubelet device manager's checkpoint, read when the socket is absent.
 pub const DEFAULT_CHECKPOINT_FILE: &str =
     "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
-/// Where device plugins (`dp/`) and CNI plugins (`cni/`) keep device-info
-/// files.
-pub const DEFAULT_DEVICE_INFO_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo";
 /// The gRPC method that lists every pod's resources.
 const LIST_PATH: &str = "/v1.PodResourcesLister/List";
 /// The largest answer taken from the kubelet (as multus).
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 /// The largest checkpoint file read.
 const MAX_CHECKPOINT_BYTES: u64 = 64 << 20;
-/// The largest device-info file read or copied.
-const MAX_DEVICE_INFO_BYTES: u64 = 1 << 20;
 
 /// Where the kubelet's device data comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,7 +167,7 @@ impl DeviceSource {
         let file = self.checkpoint.clone();
         let uid = uid.to_string();
         let read = tokio::task::spawn_blocking(move || {
-            read_bounded(&file, MAX_CHECKPOINT_BYTES)
+            crate::device_info::read_bounded(&file, MAX_CHECKPOINT_BYTES)
                 .map_err(|e| e.to_string())
                 .and_then(|bytes| from_checkpoint(&bytes, &uid))
         })
@@ -333,114 +326,6 @@ pub fn from_checkpoint(bytes: &[u8], uid: &str) -> Result<BTreeMap<String, Vec<S
     Ok(map)
 }
 
-/// Reads at most `max` bytes of a regular file (not through a symlink).
-fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    let mut bytes = Vec::new();
-    file.take(max + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("larger than {max} bytes"),
-        ));
-    }
-    Ok(bytes)
-}
-
-/// A file name as multus builds it: every `/` turned into `-`.
-fn file_name(name: String) -> String {
-    name.replace('/', "-")
-}
-
-/// The device-info file a network's plugin may write (the
-/// `CNIDeviceInfoFile` capability argument):
-/// `<dir>/cni/<network>-<containerID>_<ifname>`.
-pub fn cni_file(dir: &Path, network: &str, container_id: &str, ifname: &str) -> PathBuf {
-    dir.join("cni")
-        .join(file_name(format!("{network}-{container_id}_{ifname}")))
-}
-
-/// The device-info file a device plugin wrote for a device:
-/// `<dir>/dp/<resourceName>-<deviceID>-device.json`.
-pub fn dp_file(dir: &Path, resource: &str, device_id: &str) -> PathBuf {
-    dir.join("dp")
-        .join(file_name(format!("{resource}-{device_id}-device.json")))
-}
-
-/// Whether `path` is a file directly in `<dir>/cni/` (the only files
-/// Plexus writes or removes there).
-pub fn is_cni_file(dir: &Path, path: &Path) -> bool {
-    let cni = dir.join("cni");
-    path.parent() == Some(cni.as_path())
-        && path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| !n.is_empty() && n != "." && n != "..")
-}
-
-/// Before a network's plugin runs: copies the device plugin's file for
-/// the device, if there is one, to the network's device-info file (as
-/// multus). `Ok(false)`: there was none. Blocking.
-pub fn copy_from_dp(dp: &Path, cni: &Path) -> io::Result<bool> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let bytes = match read_bounded(dp, MAX_DEVICE_INFO_BYTES) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    if let Some(parent) = cni.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    // Written beside and renamed over: a reader never sees half a file,
-    // and a link planted at the name is replaced, never followed.
-    let tmp = cni.with_file_name(format!(
-        ".{}.tmp",
-        cni.file_name().and_then(|n| n.to_str()).unwrap_or("device")
-    ));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    std::io::Write::write_all(&mut f, &bytes)?;
-    drop(f);
-    std::fs::rename(&tmp, cni)?;
-    Ok(true)
-}
-
-/// After a network's plugin ran: the device-info file's content, if it
-/// has one that reads as device information. Blocking.
-pub fn load(cni: &Path) -> Option<DeviceInfo> {
-    let bytes = match read_bounded(cni, MAX_DEVICE_INFO_BYTES) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
-        Err(e) => {
-            tracing::warn!(file = %cni.display(), cause = %e, "cannot read a device-info file");
-            return None;
-        }
-    };
-    match serde_json::from_slice(&bytes) {
-        Ok(info) => Some(info),
-        Err(e) => {
-            tracing::warn!(file = %cni.display(), cause = %e, "a device-info file is not device information");
-            None
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -515,30 +400,5 @@ mod tests {
         assert_eq!(map["r"], ["2", "1"]);
         assert_eq!(map["s"], ["9"]);
         assert_eq!(map.len(), 2);
-    }
-
-    #[test]
-    fn file_names_should_be_multus_names() {
-        let dir = Path::new("/var/run/k8s.cni.cncf.io/devinfo");
-        assert_eq!(
-            cni_file(dir, "default/sriov-net", "3f8a", "net1"),
-            Path::new("/var/run/k8s.cni.cncf.io/devinfo/cni/default-sriov-net-3f8a_net1")
-        );
-        assert_eq!(
-            dp_file(dir, "intel.com/sriov_a", "0000:03:00.1"),
-            Path::new(
-                "/var/run/k8s.cni.cncf.io/devinfo/dp/intel.com-sriov_a-0000:03:00.1-device.json"
-            )
-        );
-        assert!(is_cni_file(dir, &cni_file(dir, "a/b", "c", "d")));
-        assert!(!is_cni_file(dir, Path::new("/etc/passwd")));
-        assert!(!is_cni_file(
-            dir,
-            Path::new("/var/run/k8s.cni.cncf.io/devinfo/cni/../x")
-        ));
-        assert!(!is_cni_file(
-            dir,
-            Path::new("/var/run/k8s.cni.cncf.io/devinfo/cni")
-        ));
     }
 }

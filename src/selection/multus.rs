@@ -386,10 +386,6 @@ fn parse_comma(value: &str, default_namespace: &str) -> Result<Vec<Selection>, P
     Ok(out)
 }
 
-/// What kind of JSON value `v` is, for error messages (which never
-/// repeat the value itself).
-pub(super) use crate::config::json_kind;
-
 fn parse_json(value: &str, default_namespace: &str) -> Result<Vec<Selection>, Problem> {
     // serde_json limits nesting (128 levels), so hostile input cannot
     // exhaust the stack; the length was bounded by the caller.
@@ -399,7 +395,7 @@ fn parse_json(value: &str, default_namespace: &str) -> Result<Vec<Selection>, Pr
         Value::Array(items) => items,
         other => {
             return Err(Problem::NotAList {
-                found: json_kind(&other),
+                found: crate::json::kind(&other),
             })
         }
     };
@@ -447,7 +443,7 @@ fn parse_element(
             index,
             name: None,
             key: None,
-            why: format!("must be an object, found {}", json_kind(item)),
+            why: format!("must be an object, found {}", crate::json::kind(item)),
         });
     };
     let name_hint = obj
@@ -473,7 +469,7 @@ fn parse_element(
                 Value::String(s) => Ok(s.clone()),
                 other => Err(bad(
                     key,
-                    format!("must be a string, found {}", json_kind(other)),
+                    format!("must be a string, found {}", crate::json::kind(other)),
                 )),
             }
         };
@@ -503,7 +499,7 @@ fn parse_element(
                 other => {
                     return Err(bad(
                         key,
-                        format!("must be an object, found {}", json_kind(other)),
+                        format!("must be an object, found {}", crate::json::kind(other)),
                     ))
                 }
             },
@@ -515,7 +511,7 @@ fn parse_element(
                 other => {
                     return Err(bad(
                         key,
-                        format!("must be an object, found {}", json_kind(other)),
+                        format!("must be an object, found {}", crate::json::kind(other)),
                     ))
                 }
             },
@@ -534,7 +530,7 @@ fn parse_element(
                 other => {
                     return Err(bad(
                         key,
-                        format!("must be a list, found {}", json_kind(other)),
+                        format!("must be a list, found {}", crate::json::kind(other)),
                     ))
                 }
             },
@@ -645,13 +641,13 @@ fn string_list(v: &Value) -> Result<Vec<String>, String> {
                 Value::String(s) => Ok(s.clone()),
                 other => Err(format!(
                     "entry {i} must be a string, found {}",
-                    json_kind(other)
+                    crate::json::kind(other)
                 )),
             })
             .collect(),
         other => Err(format!(
             "must be a list of strings, found {}",
-            json_kind(other)
+            crate::json::kind(other)
         )),
     }
 }
@@ -664,7 +660,10 @@ fn int(v: &Value) -> Result<i64, String> {
         Value::Number(n) => n
             .as_i64()
             .ok_or_else(|| format!("{n} is not an integer that fits 64 bits")),
-        other => Err(format!("must be an integer, found {}", json_kind(other))),
+        other => Err(format!(
+            "must be an integer, found {}",
+            crate::json::kind(other)
+        )),
     }
 }
 
@@ -690,7 +689,7 @@ fn parse_bandwidth(m: &Map<String, Value>) -> Result<Bandwidth, String> {
 
 fn parse_port_mapping(v: &Value) -> Result<PortMapping, String> {
     let Value::Object(m) = v else {
-        return Err(format!("must be an object, found {}", json_kind(v)));
+        return Err(format!("must be an object, found {}", crate::json::kind(v)));
     };
     let int_key = |key: &str| -> Result<i64, String> {
         field(m, key).map_or(Ok(0), |v| int(v).map_err(|e| format!("{key}: {e}")))
@@ -701,7 +700,7 @@ fn parse_port_mapping(v: &Value) -> Result<PortMapping, String> {
             Some(Value::String(s)) => Ok(Some(s.clone()).filter(|s| !s.is_empty())),
             Some(other) => Err(format!(
                 "{key}: must be a string, found {}",
-                json_kind(other)
+                crate::json::kind(other)
             )),
         }
     };
@@ -813,7 +812,7 @@ pub struct AttachmentFacts<'a> {
     /// the element's `deviceID`.
     pub allocated_device: Option<&'a str>,
     /// The device-info directory (multus's is fixed:
-    /// [`crate::k8s::devices::DEFAULT_DEVICE_INFO_DIR`]).
+    /// [`crate::device_info::DEFAULT_DIR`]).
     pub device_info_dir: &'a std::path::Path,
 }
 
@@ -860,7 +859,7 @@ pub fn runtime_config(
     let device = facts.allocated_device.or(sel.device_id.as_deref());
     if let Some(id) = device.filter(|d| !d.is_empty()) {
         rc.insert("deviceID".into(), id.into());
-        let file = crate::k8s::devices::cni_file(
+        let file = crate::device_info::cni_file(
             facts.device_info_dir,
             &sel.display_name(),
             facts.container_id,
@@ -1213,7 +1212,7 @@ mod tests {
             container_id: "abc123",
             ifname: "net1",
             allocated_device: device,
-            device_info_dir: std::path::Path::new(crate::k8s::devices::DEFAULT_DEVICE_INFO_DIR),
+            device_info_dir: std::path::Path::new(crate::device_info::DEFAULT_DIR),
         }
     }
 

@@ -23,8 +23,9 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::multus::{json_kind, Selection};
-use crate::cni::types::{ConfigError, NetworkList};
+use super::multus::Selection;
+use crate::json;
+use crate::netconf::{ConfigError, NetworkList};
 
 /// The delegate configuration of one NAD.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,7 +179,7 @@ pub fn delegate_from_spec(
         Some(other) => {
             return Err(bad(format!(
                 "\"name\" must be a string, found {}",
-                json_kind(other)
+                json::kind(other)
             )))
         }
     }
@@ -188,7 +189,7 @@ pub fn delegate_from_spec(
         Some(other) => {
             return Err(bad(format!(
                 "\"type\" must be a string, found {}",
-                json_kind(other)
+                json::kind(other)
             )))
         }
     };
@@ -215,7 +216,7 @@ fn check_list(config: &Map<String, Value>) -> Result<(), String> {
         Some(other) => {
             return Err(format!(
                 "\"plugins\" must be a list, found {}",
-                json_kind(other)
+                json::kind(other)
             ))
         }
     };
@@ -226,7 +227,7 @@ fn check_list(config: &Map<String, Value>) -> Result<(), String> {
         if !p.is_object() {
             return Err(format!(
                 "plugins[{i}] must be an object, found {}",
-                json_kind(p)
+                json::kind(p)
             ));
         }
     }
@@ -243,7 +244,7 @@ fn merge_into(plugin: &mut Map<String, Value>, args: &Map<String, Value>) -> Res
     let Value::Object(outer) = outer else {
         return Err(format!(
             "\"args\" must be an object to take cni-args, found {}",
-            json_kind(outer)
+            json::kind(outer)
         ));
     };
     let cni = outer
@@ -252,7 +253,7 @@ fn merge_into(plugin: &mut Map<String, Value>, args: &Map<String, Value>) -> Res
     let Value::Object(cni) = cni else {
         return Err(format!(
             "\"args.cni\" must be an object to take cni-args, found {}",
-            json_kind(cni)
+            json::kind(cni)
         ));
     };
     for (k, v) in args {

@@ -163,13 +163,13 @@ fn apply(config: &mut Config, key: &str, value: &Value) -> Result<(), String> {
             let Value::Array(items) = value else {
                 return Err(format!(
                     "must be a list of network configurations, found {}",
-                    crate::config::json_kind(value)
+                    crate::json::kind(value)
                 ));
             };
             if let Some((i, other)) = items.iter().enumerate().find(|(_, d)| !d.is_object()) {
                 return Err(format!(
                     "item {i} must be a network configuration (a JSON object), found {}",
-                    crate::config::json_kind(other)
+                    crate::json::kind(other)
                 ));
             }
             config.delegates = items.clone();
@@ -186,10 +186,7 @@ fn apply(config: &mut Config, key: &str, value: &Value) -> Result<(), String> {
         }
         "namespaceIsolation" => {
             config.namespace_isolation = value.as_bool().ok_or_else(|| {
-                format!(
-                    "must be true or false, found {}",
-                    crate::config::json_kind(value)
-                )
+                format!("must be true or false, found {}", crate::json::kind(value))
             })?;
         }
         "globalNamespaces" => {
@@ -219,19 +216,16 @@ fn apply(config: &mut Config, key: &str, value: &Value) -> Result<(), String> {
 }
 
 fn string(value: &Value) -> Result<&str, String> {
-    value.as_str().ok_or_else(|| {
-        format!(
-            "must be a string, found {}",
-            crate::config::json_kind(value)
-        )
-    })
+    value
+        .as_str()
+        .ok_or_else(|| format!("must be a string, found {}", crate::json::kind(value)))
 }
 
 fn string_list(value: &Value) -> Result<Vec<String>, String> {
     let Value::Array(items) = value else {
         return Err(format!(
             "must be a list of strings, found {}",
-            crate::config::json_kind(value)
+            crate::json::kind(value)
         ));
     };
     items
@@ -241,7 +235,7 @@ fn string_list(value: &Value) -> Result<Vec<String>, String> {
             Value::String(s) if !s.is_empty() => Ok(s.clone()),
             other => Err(format!(
                 "item {i} must be a non-empty string, found {}",
-                crate::config::json_kind(other)
+                crate::json::kind(other)
             )),
         })
         .collect()

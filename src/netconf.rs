@@ -2,7 +2,8 @@
 //! and their validation.
 //!
 //! Everything here is pure: reading configuration files is
-//! [`super::confdir`]'s job.
+//! [`crate::cni::confdir`]'s job. These types are shared by selection (what a
+//! selected network turns into) and the engine (what it runs).
 
 use std::cmp::Ordering;
 use std::path::{Path, PathBuf};

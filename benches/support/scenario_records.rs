@@ -5,7 +5,7 @@ use std::fs;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use plexus::cni::record::{self, Attachment, Delegate, Durability, Record, State, Store};
+use plexus::cni::state::{self, Attachment, Delegate, Durability, Record, State, Store};
 use serde_json::json;
 
 use crate::procs::{self, poll, thread_cpu, ChildGuard};
@@ -165,7 +165,7 @@ pub fn record_io(sec: &mut Section, c: &Counts) {
     let shm = tmpfs_dir("records");
     // A container id as runtimes make them: 64 hex digits.
     let record = loopback_record(&format!("{:064x}", 0xbe_u8), "/var/run/netns/plexus-bench");
-    let size = record::encoded_len(&record);
+    let size = state::encoded_len(&record);
     let mut dirs = vec![(
         format!("temp dir ({})", std::env::temp_dir().display()),
         scratch.path.clone(),

@@ -65,7 +65,7 @@ fn main() -> ExitCode {
 /// moves and removes nothing, and takes no lock (records are replaced by
 /// rename, so a read sees a whole old or a whole new record).
 fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
-    let store = cni::record::Store::at(&config.cni.state_dir);
+    let store = cni::state::Store::at(&config.cni.state_dir);
     let ids = match container_id {
         Some(id) if !names::is_valid_name(id) => {
             eprintln!("plexusd: {id:?} is not a valid container id");

@@ -227,9 +227,10 @@ impl MemStore {
 }
 
 impl Records for MemStore {
-    fn load(&self, container_id: &str) -> Result<Option<Record>, record::Error> {
+    fn load(&self, container_id: &str) -> Result<Option<Record>, state::Error> {
         if self.damaged.lock().unwrap().contains(container_id) {
-            return Err(record::Error::Damaged {
+            return Err(state::Error::Damaged {
+                what: state::RECORD,
                 path: PathBuf::from(format!("mem/{container_id}.json")),
                 why: "scripted damage".into(),
             });
@@ -237,11 +238,11 @@ impl Records for MemStore {
         Ok(self.get(container_id))
     }
 
-    fn save(&self, record: &Record, durability: Durability) -> Result<(), record::Error> {
+    fn save(&self, record: &Record, durability: Durability) -> Result<(), state::Error> {
         if durability == Durability::Atomic
             && std::mem::take(&mut *self.fail_atomic.lock().unwrap())
         {
-            return Err(record::Error::Io {
+            return Err(state::Error::Io {
                 path: PathBuf::from("mem"),
                 what: "cannot write the record",
                 source: std::io::Error::other("the disk is full"),
@@ -254,7 +255,7 @@ impl Records for MemStore {
             let slow = self.slow_sync.lock().unwrap().take();
             if let Some(rx) = slow {
                 if rx.recv().is_err() {
-                    return Err(record::Error::Io {
+                    return Err(state::Error::Io {
                         path: PathBuf::from("mem"),
                         what: "cannot sync the record",
                         source: std::io::Error::other("the disk went away"),
@@ -268,7 +269,7 @@ impl Records for MemStore {
         Ok(())
     }
 
-    fn remove(&self, container_id: &str, _: Durability) -> Result<(), record::Error> {
+    fn remove(&self, container_id: &str, _: Durability) -> Result<(), state::Error> {
         self.records.lock().unwrap().remove(container_id);
         Ok(())
     }
@@ -278,13 +279,13 @@ impl Records for MemStore {
             || self.damaged.lock().unwrap().contains(container_id)
     }
 
-    fn list(&self) -> Result<Vec<String>, record::Error> {
+    fn list(&self) -> Result<Vec<String>, state::Error> {
         let mut ids: BTreeSet<String> = self.records.lock().unwrap().keys().cloned().collect();
         ids.extend(self.damaged.lock().unwrap().iter().cloned());
         Ok(ids.into_iter().collect())
     }
 
-    fn set_aside(&self, container_id: &str) -> Result<PathBuf, record::Error> {
+    fn set_aside(&self, container_id: &str) -> Result<PathBuf, state::Error> {
         self.damaged.lock().unwrap().remove(container_id);
         self.set_aside
             .lock()

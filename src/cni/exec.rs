@@ -206,7 +206,7 @@ pub trait Journal: Send + Sync + std::fmt::Debug + 'static {
     /// that needs I/O to close the entry defers it (the [`Markers`] of the
     /// engine empty the entry in their next trip to the file).
     ///
-    /// [`Markers`]: crate::cni::record::Markers
+    /// [`Markers`]: crate::cni::state::Markers
     fn finished(&self, container_id: &str, group: Group);
 }
 

@@ -11,7 +11,7 @@
 
 use serde_json::{Map, Value};
 
-use super::record::{Attachment, Delegate, Durability, Record};
+use super::state::{Attachment, Delegate, Durability, Record};
 use super::{Engine, Error, ErrorKind, Loaded, Planned, State};
 use crate::api::code;
 use crate::api::Command;
@@ -230,7 +230,7 @@ mod tests {
     fn record() -> Record {
         // As an earlier version wrote it: no hotPluggedInto anywhere.
         serde_json::from_value(json!({
-            "kind": super::super::record::KIND,
+            "kind": super::super::state::KIND,
             "containerId": "c1",
             "attachments": [{
                 "ifname": "eth0", "netns": "/run/netns/x", "cniArgs": "",

@@ -30,7 +30,7 @@
 //!   and GC checks each recorded namespace (see [`netns`]).
 //!
 //! - The engine runs plugins and keeps records through the traits of
-//!   [`parts`] ([`exec::Runner`] and [`record::Store`] in the daemon), so
+//!   [`parts`] ([`exec::Runner`] and [`state::Store`] in the daemon), so
 //!   its logic is unit-tested with scripted plugins and records in memory.
 //!
 //! This module knows nothing about HTTP, the shim or Kubernetes.
@@ -43,8 +43,8 @@ mod hotplug;
 pub mod multus_cache;
 pub mod netns;
 pub mod parts;
-pub mod record;
 pub mod show;
+pub mod state;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -59,7 +59,7 @@ use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 use self::exec::{CallEnv, ExecError, Gate, Group, Plugin, Runner};
 use self::multus_cache::{Caches, Multus};
 use self::parts::{PluginRunner, Records};
-use self::record::{
+use self::state::{
     Attachment, Delegate, Durability, Held, Locks, MarkerState, Markers, Record, Released, State,
     Store,
 };
@@ -156,7 +156,7 @@ impl Error {
         )
     }
 
-    fn record(e: record::Error) -> Self {
+    fn record(e: state::Error) -> Self {
         Self::new(ErrorKind::Internal, code::IO_FAILURE, e.to_string())
     }
 
@@ -654,7 +654,7 @@ impl Engine {
 
     /// Releases an operation's locks. The container's lock file goes too
     /// when its record is gone: nobody can make a new record without the
-    /// lock, and a waiter on the unlinked file starts over (record::Locks).
+    /// lock, and a waiter on the unlinked file starts over (state::Locks).
     async fn unlock(&self, id: &str, lock: OpLock<'_>) {
         // Nothing to write: only a trip that could not run fails.
         if let Err((e, _)) = self.unlock_after(id, lock, || Ok(())).await {
@@ -1182,15 +1182,15 @@ impl Engine {
         let slot = record.attachments.len() - 1;
         // A record read back on every call must stay small; refused before
         // anything ran, so there is nothing to roll back.
-        let size = record::encoded_len(&record);
-        if size > record::MAX_NEW_RECORD_BYTES {
+        let size = state::encoded_len(&record);
+        if size > state::MAX_NEW_RECORD_BYTES {
             return Err(Error::new(
                 ErrorKind::Invalid,
                 code::INVALID_NETWORK_CONFIG,
                 format!(
                     "container {:?}: the attachment record would be {size} bytes, more than the {} allowed; the network configurations or the capability arguments (runtimeConfig) they declare are too large",
                     inv.container_id,
-                    record::MAX_NEW_RECORD_BYTES
+                    state::MAX_NEW_RECORD_BYTES
                 ),
             ));
         }
@@ -1889,7 +1889,7 @@ fn clear_marker(
 /// it, or, for a network hot-plugged into one, the attachment it joined.
 /// Blocking: gives up a container's lock files. Its lock file goes too
 /// when its record is gone: nobody can make a new record without the lock,
-/// and a waiter on the unlinked file starts over (record::Locks); else the
+/// and a waiter on the unlinked file starts over (state::Locks); else the
 /// marker of a reaped plugin is emptied first.
 fn release_files(store: &Arc<dyn Records>, id: &str, marker: Released, file: Held, gc_file: Held) {
     if store.exists(id) {
@@ -1922,14 +1922,14 @@ fn check_netns_now(command: Command, path: &str) -> Result<(), Error> {
 }
 
 /// A damaged record moved aside: why, and where it went.
-type SetAside = (record::Error, PathBuf);
+type SetAside = (state::Error, PathBuf);
 
 /// The record of `id` (the caller holds its lock); a damaged one is moved
 /// aside (bytes kept). Blocking.
 fn load_now(
     store: &dyn Records,
     id: &str,
-) -> Result<(Option<Record>, Option<SetAside>), record::Error> {
+) -> Result<(Option<Record>, Option<SetAside>), state::Error> {
     match store.load(id) {
         Ok(r) => Ok((r, None)),
         Err(e) if e.is_damaged() => {

@@ -30,7 +30,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::exec::CallEnv;
-use super::record::{self, read_regular, Store, Unreadable};
+use super::state::{self, read_regular, Store, Unreadable};
 use super::{blocking, Engine, ErrorKind};
 use crate::api::{code, Command};
 use crate::names::check_ifname;
@@ -45,33 +45,12 @@ pub const RESULT_KIND: &str = "cniCacheV1";
 /// The directory of libcni's result cache, inside `cniDir`.
 const RESULTS: &str = "results";
 
-/// Why a cache could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{}: {what}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        what: &'static str,
-        #[source]
-        source: io::Error,
-    },
-    /// Unusable content or kind of file; it is left as it was.
-    #[error("multus cache {} is damaged: {why}", path.display())]
-    Damaged { path: PathBuf, why: String },
-}
+/// Why a cache could not be used: the state's own error, whose
+/// [`Error::Damaged`] names the file a [`MULTUS_CACHE`].
+pub use super::state::Error;
 
-impl Error {
-    pub fn is_damaged(&self) -> bool {
-        matches!(self, Error::Damaged { .. })
-    }
-
-    /// The file the error is about.
-    pub fn path(&self) -> &Path {
-        match self {
-            Error::Io { path, .. } | Error::Damaged { path, .. } => path,
-        }
-    }
-}
+/// What a damaged file of multus's is, in messages.
+pub const MULTUS_CACHE: &str = "multus cache";
 
 /// Where a damaged cache goes when `<stateDir>` is on another file system
 /// than `cniDir` (a rename cannot cross it): `<cniDir>/.plexus-damaged/<id>/`.
@@ -253,7 +232,11 @@ impl Caches {
         };
         parse_delegates(&text)
             .map(Some)
-            .map_err(|why| Error::Damaged { path, why })
+            .map_err(|why| Error::Damaged {
+                what: MULTUS_CACHE,
+                path,
+                why,
+            })
     }
 
     /// libcni's cached ADD of `network` on `ifname` for `container_id`.
@@ -276,6 +259,7 @@ impl Caches {
         ) != expected
         {
             return Err(Error::Damaged {
+                what: MULTUS_CACHE,
                 path,
                 why: format!(
                     "it holds network {:?} of container {:?} on {:?}, not network {network:?} of container {container_id:?} on {ifname:?}",
@@ -337,6 +321,7 @@ impl Caches {
 fn read(path: &Path) -> Result<Option<Vec<u8>>, Error> {
     read_regular(path, MAX_CACHE_BYTES).map_err(|e| match e {
         Unreadable::Damaged(why) => Error::Damaged {
+            what: MULTUS_CACHE,
             path: path.to_path_buf(),
             why,
         },
@@ -434,6 +419,7 @@ fn parse_delegate(r: RawDelegate) -> Result<CachedDelegate, String> {
 /// A result cache file's content, its names not yet compared.
 fn parse_result(path: &Path, text: &[u8]) -> Result<CachedResult, Error> {
     let damaged = |why: String| Error::Damaged {
+        what: MULTUS_CACHE,
         path: path.to_path_buf(),
         why,
     };
@@ -509,11 +495,11 @@ fn set_aside(
         .replace('/', "-");
     let suffix = format!(".multus-{file}");
     let moved = match Store::at(state_dir).set_aside_file(container_id, from, &suffix) {
-        Err(record::Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EXDEV) => {
+        Err(state::Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EXDEV) => {
             // The damaged/<id>/ directory exists now, which is what makes
             // later DELs fall back; the file stays on its file system.
             let here = caches.dir().join(DAMAGED_HERE).join(container_id);
-            record::move_aside(from, &here, &suffix)
+            state::move_aside(from, &here, &suffix)
         }
         other => other,
     }

@@ -5,7 +5,7 @@
 //! tests put scripted plugins and an in-memory store in their place
 //! ([`super::Engine::with_parts`]).
 //!
-//! Container locks ([`super::record::Locks`]) stay outside: they are the
+//! Container locks ([`super::state::Locks`]) stay outside: they are the
 //! engine's own concurrency control, shared with other daemons on the same
 //! `stateDir` through flock, and the plugin markers live in the lock files.
 //! Tests keep them real, in a temporary directory, so what they check about
@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::exec::{CallEnv, ExecError, Gate, Plugin, Runner};
-use super::record::{self, Durability, Record, Store};
+use super::state::{self, Durability, Record, Store};
 
 /// A future a trait object can return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -97,18 +97,18 @@ impl PluginRunner for Runner {
 /// them on the blocking pool, under the container's lock for writes.
 pub trait Records: Send + Sync + fmt::Debug + 'static {
     /// The record of `container_id`, if any; a damaged one is
-    /// [`record::Error::Damaged`].
-    fn load(&self, container_id: &str) -> Result<Option<Record>, record::Error>;
+    /// [`state::Error::Damaged`].
+    fn load(&self, container_id: &str) -> Result<Option<Record>, state::Error>;
     /// Replaces the record; a record without attachments removes it.
-    fn save(&self, record: &Record, durability: Durability) -> Result<(), record::Error>;
+    fn save(&self, record: &Record, durability: Durability) -> Result<(), state::Error>;
     /// Removes the record of `container_id`, if any.
-    fn remove(&self, container_id: &str, durability: Durability) -> Result<(), record::Error>;
+    fn remove(&self, container_id: &str, durability: Durability) -> Result<(), state::Error>;
     /// Whether `container_id` has a record, readable or not.
     fn exists(&self, container_id: &str) -> bool;
     /// The ids of every container with a record.
-    fn list(&self) -> Result<Vec<String>, record::Error>;
+    fn list(&self) -> Result<Vec<String>, state::Error>;
     /// Moves a damaged record out of the way (keeping it); where it went.
-    fn set_aside(&self, container_id: &str) -> Result<PathBuf, record::Error>;
+    fn set_aside(&self, container_id: &str) -> Result<PathBuf, state::Error>;
     /// Whether a record of `container_id` was ever set aside.
     fn was_set_aside(&self, container_id: &str) -> bool;
     /// Half-written records a crashed writer left, as (container id, path).
@@ -116,15 +116,15 @@ pub trait Records: Send + Sync + fmt::Debug + 'static {
 }
 
 impl Records for Store {
-    fn load(&self, container_id: &str) -> Result<Option<Record>, record::Error> {
+    fn load(&self, container_id: &str) -> Result<Option<Record>, state::Error> {
         Store::load(self, container_id)
     }
 
-    fn save(&self, record: &Record, durability: Durability) -> Result<(), record::Error> {
+    fn save(&self, record: &Record, durability: Durability) -> Result<(), state::Error> {
         Store::save(self, record, durability)
     }
 
-    fn remove(&self, container_id: &str, durability: Durability) -> Result<(), record::Error> {
+    fn remove(&self, container_id: &str, durability: Durability) -> Result<(), state::Error> {
         Store::remove(self, container_id, durability)
     }
 
@@ -132,11 +132,11 @@ impl Records for Store {
         Store::exists(self, container_id)
     }
 
-    fn list(&self) -> Result<Vec<String>, record::Error> {
+    fn list(&self) -> Result<Vec<String>, state::Error> {
         Store::list(self)
     }
 
-    fn set_aside(&self, container_id: &str) -> Result<PathBuf, record::Error> {
+    fn set_aside(&self, container_id: &str) -> Result<PathBuf, state::Error> {
         Store::set_aside(self, container_id)
     }
 

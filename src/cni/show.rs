@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::record::{Delegate, Error, Record, State};
+use super::state::{Delegate, Error, Record, State};
 
 /// What a user wants to know about a container: its networks, interfaces
 /// and addresses, from the recorded results.
@@ -104,7 +104,7 @@ mod tests {
     #[test]
     fn a_summary_should_show_the_container_side_interface_and_its_addresses() {
         let mut record = Record::new("c1");
-        record.attachments.push(super::super::record::Attachment {
+        record.attachments.push(super::super::state::Attachment {
             hot_plugged_into: None,
             ifname: "eth0".into(),
             netns: "/run/netns/x".into(),

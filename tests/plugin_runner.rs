@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use plexus::cni::exec::{
-    kill_stale_group, start_time, CallEnv, ExecError, Group, Journal, Runner, VERSION_TIMEOUT,
+    self, kill_stale_group, start_time, CallEnv, Group, Journal, Runner, VERSION_TIMEOUT,
 };
 use serde_json::json;
 use support::cni::{address, cni, conflist, failed, ok, processes_matching, Engine, SETTLE};
@@ -438,7 +438,7 @@ async fn failing_journal_should_fail_the_run_before_the_plugin_reads_its_config(
         .run(&r.find("p").unwrap(), &add_env("c1"), b"{}".to_vec())
         .await
         .unwrap_err();
-    assert!(matches!(e, ExecError::Io { .. }), "{e:?}");
+    assert!(matches!(e, exec::Error::Io { .. }), "{e:?}");
     assert!(e.to_string().contains("process group"), "{e}");
     assert!(
         format!("{:?}", std::error::Error::source(&e)).contains("journal full"),

@@ -136,7 +136,7 @@ impl Drop for Leave<'_> {
 }
 
 impl PluginRunner for FakeRunner {
-    fn find(&self, name: &str) -> Result<Plugin, ExecError> {
+    fn find(&self, name: &str) -> Result<Plugin, exec::Error> {
         Ok(Plugin::unlocated(name, PathBuf::from("/fake").join(name)))
     }
 
@@ -152,7 +152,7 @@ impl PluginRunner for FakeRunner {
         plugin: &'a Plugin,
         env: &'a CallEnv,
         stdin: Vec<u8>,
-    ) -> parts::BoxFuture<'a, Result<Vec<u8>, ExecError>> {
+    ) -> parts::BoxFuture<'a, Result<Vec<u8>, exec::Error>> {
         Box::pin(async move {
             let call = Call {
                 plugin: plugin.name.clone(),
@@ -186,7 +186,7 @@ impl PluginRunner for FakeRunner {
                     }
                     Act::Succeed => return Ok(Vec::new()),
                     Act::Fail(code, msg) => {
-                        return Err(ExecError::Failed {
+                        return Err(exec::Error::Failed {
                             plugin: call.plugin.clone(),
                             error: exec::PluginError {
                                 code,

@@ -56,7 +56,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedMutexGuard, RwLock, RwLockReadGuard};
 
-use self::exec::{CallEnv, ExecError, Gate, Group, Plugin, Runner};
+use self::exec::{CallEnv, Gate, Group, Plugin, Runner};
 use self::multus_cache::{Caches, Multus};
 use self::parts::{PluginRunner, Records};
 use self::state::{
@@ -164,7 +164,7 @@ impl Error {
         Self::new(ErrorKind::Internal, code::IO_FAILURE, e.to_string())
     }
 
-    fn plugin(command: Command, network: &str, e: ExecError) -> Self {
+    fn plugin(command: Command, network: &str, e: exec::Error) -> Self {
         Self::new(
             ErrorKind::Failed,
             e.code(),
@@ -749,12 +749,12 @@ impl Engine {
         }
     }
 
-    async fn find(&self, name: &str) -> Result<Plugin, ExecError> {
+    async fn find(&self, name: &str) -> Result<Plugin, exec::Error> {
         let runner = self.runner.clone();
         let name = name.to_string();
         match tokio::task::spawn_blocking(move || runner.find(&name)).await {
             Ok(r) => r,
-            Err(e) => Err(ExecError::Io {
+            Err(e) => Err(exec::Error::Io {
                 plugin: String::new(),
                 path: PathBuf::new(),
                 what: "looking up the plugin",
@@ -885,7 +885,7 @@ impl Engine {
                 Err(e) => return Err((Error::plugin(Command::Add, &list.name, e), prev)),
             };
             let parsed = parse_result(&out, version).map_err(|reason| {
-                let e = ExecError::InvalidResult {
+                let e = exec::Error::InvalidResult {
                     plugin: plugin.name.clone(),
                     path: plugin.path.clone(),
                     reason,

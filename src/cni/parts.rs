@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::exec::{CallEnv, ExecError, Gate, Plugin, Runner};
+use super::exec::{self, CallEnv, Gate, Plugin, Runner};
 use super::state::{self, Durability, Record, Store};
 
 /// A future a trait object can return.
@@ -27,7 +27,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait PluginRunner: Send + Sync + fmt::Debug + 'static {
     /// Locates plugin `name` (its `type`). Blocking: the engine calls it
     /// on the blocking pool.
-    fn find(&self, name: &str) -> Result<Plugin, ExecError>;
+    fn find(&self, name: &str) -> Result<Plugin, exec::Error>;
 
     /// The CNI versions `plugin` supports; `None` when it does not say
     /// (the network's own version is then used).
@@ -40,7 +40,7 @@ pub trait PluginRunner: Send + Sync + fmt::Debug + 'static {
         plugin: &'a Plugin,
         env: &'a CallEnv,
         stdin: Vec<u8>,
-    ) -> BoxFuture<'a, Result<Vec<u8>, ExecError>>;
+    ) -> BoxFuture<'a, Result<Vec<u8>, exec::Error>>;
 
     /// Runs `plugin` once `gate` is `Ok` (see [`Runner::run_gated`], which
     /// starts the process before); fails without running it otherwise.
@@ -50,12 +50,12 @@ pub trait PluginRunner: Send + Sync + fmt::Debug + 'static {
         env: &'a CallEnv,
         stdin: Vec<u8>,
         gate: Gate,
-    ) -> BoxFuture<'a, Result<Vec<u8>, ExecError>> {
+    ) -> BoxFuture<'a, Result<Vec<u8>, exec::Error>> {
         Box::pin(async move {
             let outcome = tokio::task::spawn_blocking(gate)
                 .await
                 .unwrap_or_else(|e| Err(format!("the work was lost: {e}")));
-            outcome.map_err(|why| ExecError::Held {
+            outcome.map_err(|why| exec::Error::Held {
                 plugin: plugin.name.clone(),
                 why,
             })?;
@@ -65,7 +65,7 @@ pub trait PluginRunner: Send + Sync + fmt::Debug + 'static {
 }
 
 impl PluginRunner for Runner {
-    fn find(&self, name: &str) -> Result<Plugin, ExecError> {
+    fn find(&self, name: &str) -> Result<Plugin, exec::Error> {
         Runner::find(self, name)
     }
 
@@ -78,7 +78,7 @@ impl PluginRunner for Runner {
         plugin: &'a Plugin,
         env: &'a CallEnv,
         stdin: Vec<u8>,
-    ) -> BoxFuture<'a, Result<Vec<u8>, ExecError>> {
+    ) -> BoxFuture<'a, Result<Vec<u8>, exec::Error>> {
         Box::pin(Runner::run(self, plugin, env, stdin))
     }
 
@@ -88,7 +88,7 @@ impl PluginRunner for Runner {
         env: &'a CallEnv,
         stdin: Vec<u8>,
         gate: Gate,
-    ) -> BoxFuture<'a, Result<Vec<u8>, ExecError>> {
+    ) -> BoxFuture<'a, Result<Vec<u8>, exec::Error>> {
         Box::pin(Runner::run_gated(self, plugin, env, stdin, gate))
     }
 }

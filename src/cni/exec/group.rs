@@ -1,0 +1,167 @@
+//! Plugin process groups: identified against pid reuse, noted in a
+//! [`Journal`] before a plugin reads its configuration, and killed by a
+//! later daemon when a crashed one left them ([`kill_stale_group`]).
+
+use std::io;
+use std::time::Duration;
+
+use super::process::pidfd_open;
+
+/// A plugin's process group, identified against pid reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    /// The plugin's pid, which is also its process group id.
+    pub pgid: i32,
+    /// Field 22 of `/proc/<pid>/stat` (clock ticks since boot) of the leader.
+    pub start_time: u64,
+}
+
+/// Where the runner notes each plugin's process group before the plugin is
+/// given its stdin, so that a later daemon can kill what a crashed one left.
+pub trait Journal: Send + Sync + std::fmt::Debug + 'static {
+    /// Blocking (runs on the blocking pool). Called right after the spawn and
+    /// before a single byte of stdin is written. An error fails the call: the
+    /// plugin is killed and reaped without having read its config.
+    fn started(&self, container_id: &str, group: Group) -> io::Result<()>;
+    /// Called once the group has been killed and the plugin reaped (also
+    /// when the call's future is dropped half-way, then on the blocking
+    /// pool). Must not block: it runs on the async runtime, so a journal
+    /// that needs I/O to close the entry defers it (the [`Markers`] of the
+    /// engine empty the entry in their next trip to the file).
+    ///
+    /// [`Markers`]: crate::cni::state::Markers
+    fn finished(&self, container_id: &str, group: Group);
+}
+
+/// The start time of `pid` (field 22 of `/proc/<pid>/stat`), if it exists.
+pub fn start_time(pid: i32) -> Option<u64> {
+    read_stat(pid).map(|s| s.start_time)
+}
+
+/// What the runner needs of `/proc/<pid>/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stat {
+    zombie: bool,
+    pgrp: i32,
+    start_time: u64,
+}
+
+fn read_stat(pid: i32) -> Option<Stat> {
+    if pid <= 0 {
+        return None;
+    }
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Parses a stat line. The command name (field 2) may hold spaces and
+/// parentheses, so fields are counted from its last `)`.
+fn parse_stat(text: &str) -> Option<Stat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    // Field 3 (state) is index 0 here, so field N is index N - 3.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(Stat {
+        // X (dead) is on its way out like a zombie.
+        zombie: matches!(*fields.first()?, "Z" | "X"),
+        pgrp: fields.get(2)?.parse().ok()?,
+        start_time: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// Live (non-zombie) members of `group`: processes in process group
+/// `group.pgid` that started no earlier than its leader.
+fn live_members(group: Group) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            read_stat(pid).is_some_and(|s| {
+                !s.zombie && s.pgrp == group.pgid && s.start_time >= group.start_time
+            })
+        })
+        .collect()
+}
+
+/// Kills a group recorded by an earlier daemon: SIGKILL to the group if its
+/// leader is still the recorded process (same start time), or, when the
+/// leader is gone, to members of that group (pgrp == pgid in /proc/*/stat)
+/// that started no earlier than the leader; then waits, up to `wait`, until
+/// no live (non-zombie) member remains. Blocking. Ok(true) when something was
+/// killed, Ok(false) when nothing of the group was left, Err when members
+/// survived `wait`.
+///
+/// A pid that names a live process with another start time was reused: the
+/// kernel frees a pid only once no process has it as its group id either,
+/// so the recorded group is gone and nothing is killed. A pgid below 2 is
+/// refused (InvalidInput): no plugin has it, and kill(-1) would signal every
+/// process.
+pub fn kill_stale_group(group: Group, wait: Duration) -> io::Result<bool> {
+    if group.pgid <= 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a plugin's process group id", group.pgid),
+        ));
+    }
+    let leader_is_ours = match read_stat(group.pgid) {
+        Some(s) if s.start_time == group.start_time => true,
+        Some(_) => return Ok(false),
+        None => false,
+    };
+    let deadline = std::time::Instant::now() + wait;
+    let mut killed = false;
+    loop {
+        let members = live_members(group);
+        if members.is_empty() {
+            return Ok(killed);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "process group {} (leader start time {}): {members:?} still alive {} after SIGKILL",
+                    group.pgid,
+                    group.start_time,
+                    crate::duration::format(wait)
+                ),
+            ));
+        }
+        if leader_is_ours {
+            // One signal to the group also gets children forked meanwhile.
+            // SAFETY: kill(2) with a negative pid signals a process group;
+            // no memory is involved.
+            unsafe { libc::kill(-group.pgid, libc::SIGKILL) };
+        } else {
+            for pid in members {
+                kill_member(pid, group);
+            }
+        }
+        killed = true;
+        // Killed processes go away within milliseconds; this bounds how
+        // often /proc is scanned meanwhile.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SIGKILL to `pid` through a pidfd, after checking (on that pidfd's
+/// process) that it still belongs to `group`, so a pid reused between the
+/// scan and the kill is never hit.
+fn kill_member(pid: i32, group: Group) {
+    let Some(fd) = u32::try_from(pid).ok().and_then(pidfd_open) else {
+        return;
+    };
+    let ours =
+        read_stat(pid).is_some_and(|s| s.pgrp == group.pgid && s.start_time >= group.start_time);
+    if ours {
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_send_signal(2) on a pidfd we own, with no siginfo.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+    }
+}

@@ -1,0 +1,652 @@
+//! One plugin process from spawn to reap: the kill-before-reap lifecycle.
+//! The process runs in its own group; its stdin is fed and its output read
+//! until it exits or the deadline passes; its group is killed before it is
+//! reaped, so the group id cannot be reused by a stranger in between; and
+//! whatever happens to the call (a timeout, a dropped future), the
+//! [`Reaper`] kills and reaps it and closes its journal entry.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Child;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+
+use super::error::io_error;
+use super::{start_time, Error, Gate, Group, Journal, Plugin, PluginError};
+
+/// Most a plugin may print on stdout; results are a few KiB.
+pub const STDOUT_CAP: usize = 1 << 20;
+/// Most of a plugin's stderr that is kept (for the log and error details).
+pub const STDERR_CAP: usize = 64 << 10;
+/// How long to keep reading once the plugin has exited and its group was
+/// killed: what it printed is in the pipe already, and the killed members
+/// close their ends within microseconds. Only a process outside the group
+/// that inherited the pipes keeps them open past this.
+const PIPE_GRACE: Duration = Duration::from_millis(100);
+
+/// libcni retries exec on ETXTBSY (a binary being replaced) this often.
+const TXTBSY_RETRIES: u32 = 5;
+
+/// A spawned plugin and its pipes. Dropped at any point, its [`Reaper`]
+/// kills and reaps it.
+pub(super) struct Process {
+    child: Child,
+    reaper: Reaper,
+    stdin: pipe::Sender,
+    output: Output,
+}
+
+impl Process {
+    /// Spawns `cmd` (see [`spawn`], which also does `work`) and takes its
+    /// pipes; with the outcome of `work`, when there was one.
+    pub(super) async fn start(
+        cmd: std::process::Command,
+        plugin: &Plugin,
+        journal: Option<(Arc<dyn Journal>, String)>,
+        work: Option<Gate>,
+    ) -> Result<(Self, Option<Result<(), String>>), Error> {
+        let ((mut child, reaper), worked) = spawn(cmd, plugin, journal, work).await?;
+        let stdin = take_pipe(
+            child.stdin.take().map(OwnedFd::from),
+            pipe::Sender::from_owned_fd,
+        )
+        .map_err(io_error(plugin, "stdin"))?;
+        let stdout = take_pipe(
+            child.stdout.take().map(OwnedFd::from),
+            pipe::Receiver::from_owned_fd,
+        )
+        .map_err(io_error(plugin, "stdout"))?;
+        let stderr = take_pipe(
+            child.stderr.take().map(OwnedFd::from),
+            pipe::Receiver::from_owned_fd,
+        )
+        .map_err(io_error(plugin, "stderr"))?;
+        let process = Self {
+            child,
+            reaper,
+            stdin,
+            output: Output::new(stdout, stderr),
+        };
+        Ok((process, worked))
+    }
+
+    /// Kills the plugin's group before it was given any input, and reaps
+    /// it.
+    pub(super) async fn stop(self) {
+        let Process {
+            mut child,
+            mut reaper,
+            stdin,
+            output,
+        } = self;
+        drop(stdin);
+        let pid = child.id();
+        kill_group(pid);
+        wait_exit(pid).await;
+        let _ = reaper.reap(&mut child);
+        drop(output.close());
+        reaper.finish();
+    }
+
+    /// Gives the plugin `input` and reads its output until it exits, or
+    /// until `timeout`, when its group is killed. Then kills whatever it
+    /// left running in its group, reaps it, and reads what is left in the
+    /// pipes (for at most [`PIPE_GRACE`]).
+    ///
+    /// The pipes are driven right here, not in tasks of their own: when
+    /// this returns (or is dropped) nothing of the call is left running.
+    pub(super) async fn run(self, input: Vec<u8>, timeout: Duration) -> Ended {
+        let Process {
+            mut child,
+            mut reaper,
+            stdin,
+            mut output,
+        } = self;
+        let pid = child.id();
+        let timed_out = until_exit(pid, Feed::new(stdin, input), &mut output, timeout).await;
+        // The plugin is a zombie now, holding its group id: kill whatever
+        // it left running in the group, then reap it.
+        kill_group(pid);
+        let status = reaper.reap(&mut child);
+        // What the plugin printed is in the pipes: read it. Only a process
+        // that left the group can keep them open past the grace; it is
+        // neither waited for nor killed.
+        let drained = output.drain().await;
+        let (stdout, stderr) = output.close();
+        reaper.finish();
+        Ended {
+            timed_out,
+            status,
+            stdout: stdout.into_parts(),
+            stderr: stderr.into_parts().map(|(b, _)| b).unwrap_or_default(),
+            drained,
+        }
+    }
+}
+
+/// Feeds the plugin's stdin and reads its output until it exits; when
+/// `timeout` passes first, kills its group and waits for the exit. Whether
+/// it timed out.
+async fn until_exit(pid: u32, mut feed: Feed, output: &mut Output, timeout: Duration) -> bool {
+    let exited = wait_exit(pid);
+    tokio::pin!(exited);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let timed_out = loop {
+        tokio::select! {
+            () = &mut exited => break false,
+            () = &mut deadline => break true,
+            () = feed.run(), if feed.is_open() => {}
+            () = output.read(), if !output.is_done() => {}
+        }
+    };
+    // A child that inherited stdin could hold this write forever.
+    drop(feed);
+    if timed_out {
+        kill_group(pid);
+        exited.await;
+    }
+    timed_out
+}
+
+/// A plugin's stdout and stderr, each read into a bounded [`Capture`].
+struct Output {
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+    out: Capture,
+    err: Capture,
+}
+
+impl Output {
+    fn new(stdout: pipe::Receiver, stderr: pipe::Receiver) -> Self {
+        Self {
+            stdout,
+            stderr,
+            out: Capture::new(STDOUT_CAP),
+            err: Capture::new(STDERR_CAP),
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.out.is_done() && self.err.is_done()
+    }
+
+    /// Reads both until EOF or an error. Can be abandoned at any point and
+    /// resumed: what was read stays.
+    async fn read(&mut self) {
+        tokio::join!(
+            self.out.fill(&mut self.stdout),
+            self.err.fill(&mut self.stderr)
+        );
+    }
+
+    /// [`Output::read`] for at most [`PIPE_GRACE`]; false when something
+    /// still held the pipes open then.
+    async fn drain(&mut self) -> bool {
+        tokio::time::timeout(PIPE_GRACE, self.read()).await.is_ok()
+    }
+
+    /// Closes the pipes; what was read from each.
+    fn close(self) -> (Capture, Capture) {
+        (self.out, self.err)
+    }
+}
+
+/// How a plugin run ended, before it is judged.
+pub(super) struct Ended {
+    pub(super) timed_out: bool,
+    /// `None` when the plugin could not be reaped here.
+    pub(super) status: Option<std::process::ExitStatus>,
+    /// What it printed and whether some was dropped, or the read error.
+    pub(super) stdout: io::Result<(Vec<u8>, bool)>,
+    pub(super) stderr: Vec<u8>,
+    /// Whether the pipes were closed within [`PIPE_GRACE`] of the exit.
+    pub(super) drained: bool,
+}
+
+impl Ended {
+    /// The plugin's answer to `command`: its stdout when it exited 0, else
+    /// why not: a timeout, unreadable or oversized output, its CNI error,
+    /// or its exit status.
+    pub(super) fn judge(
+        self,
+        plugin: &Plugin,
+        command: &'static str,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, Error> {
+        if self.timed_out {
+            return Err(Error::TimedOut {
+                plugin: plugin.name.clone(),
+                path: plugin.path.clone(),
+                command,
+                after: timeout,
+            });
+        }
+        let (stdout, stdout_cut) = self.stdout.map_err(io_error(plugin, "reading stdout"))?;
+        if stdout_cut {
+            return Err(Error::TooMuchOutput {
+                plugin: plugin.name.clone(),
+                path: plugin.path.clone(),
+                cap: STDOUT_CAP,
+            });
+        }
+        let Some(status) = self.status else {
+            return Err(io_error(plugin, "waiting for the plugin")(
+                io::Error::other("exit status unavailable"),
+            ));
+        };
+        if status.success() {
+            return Ok(stdout);
+        }
+        let status_text = describe(status);
+        if stdout.iter().all(|b| b.is_ascii_whitespace()) {
+            return Err(Error::NoMessage {
+                plugin: plugin.name.clone(),
+                path: plugin.path.clone(),
+                status: status_text,
+                stderr: snippet(&self.stderr),
+            });
+        }
+        match serde_json::from_slice::<PluginError>(&stdout) {
+            Ok(error) => Err(Error::Failed {
+                plugin: plugin.name.clone(),
+                error,
+            }),
+            Err(_) => Err(Error::BadError {
+                plugin: plugin.name.clone(),
+                path: plugin.path.clone(),
+                status: status_text,
+                stdout: snippet(&stdout),
+            }),
+        }
+    }
+}
+
+/// Why [`spawn`]'s blocking part failed.
+enum SpawnFailure {
+    Exec(io::Error),
+    Journal(io::Error),
+}
+
+/// Spawns on the blocking pool (fork+exec waits for the exec), retrying
+/// "text file busy" like libcni. With a journal, the plugin's group is
+/// noted there before this returns, that is before its stdin is written.
+/// The reaper is made on the blocking pool too: if this future is dropped
+/// while the spawn runs, dropping its output there kills and reaps the
+/// plugin.
+///
+/// `work` is done in the first trip, right after the spawn and the note
+/// (whether they worked or not); its outcome comes back with the child.
+async fn spawn(
+    mut cmd: std::process::Command,
+    plugin: &Plugin,
+    journal: Option<(Arc<dyn Journal>, String)>,
+    mut work: Option<Gate>,
+) -> Result<((Child, Reaper), Option<Result<(), String>>), Error> {
+    let mut tries = 0;
+    let mut worked = None;
+    loop {
+        let journal = journal.clone();
+        let work = work.take();
+        let (back, res, done) = tokio::task::spawn_blocking(move || {
+            let r = match cmd.spawn() {
+                Ok(child) => start(child, journal),
+                Err(e) => Err(SpawnFailure::Exec(e)),
+            };
+            let done = work.map(|w| w());
+            (cmd, r, done)
+        })
+        .await
+        .map_err(|e| Error::Spawn {
+            plugin: plugin.name.clone(),
+            path: plugin.path.clone(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        cmd = back;
+        if done.is_some() {
+            worked = done;
+        }
+        match res {
+            Ok(started) => return Ok((started, worked)),
+            Err(SpawnFailure::Exec(e))
+                if e.raw_os_error() == Some(libc::ETXTBSY) && tries < TXTBSY_RETRIES =>
+            {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(SpawnFailure::Exec(source)) => {
+                return Err(Error::Spawn {
+                    plugin: plugin.name.clone(),
+                    path: plugin.path.clone(),
+                    source,
+                })
+            }
+            Err(SpawnFailure::Journal(source)) => {
+                return Err(Error::Io {
+                    plugin: plugin.name.clone(),
+                    path: plugin.path.clone(),
+                    what: "noting the plugin's process group before giving it its config",
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Blocking: notes a just spawned plugin in the journal. When that fails,
+/// the plugin is killed and reaped before it has read anything (its stdin
+/// was not written).
+fn start(
+    mut child: Child,
+    journal: Option<(Arc<dyn Journal>, String)>,
+) -> Result<(Child, Reaper), SpawnFailure> {
+    let pid = child.id();
+    let Some((journal, container_id)) = journal else {
+        return Ok((child, Reaper::new(pid, None)));
+    };
+    let noted = i32::try_from(pid)
+        .ok()
+        .and_then(|pgid| {
+            // The unreaped child is still in /proc, even if it exited.
+            start_time(pgid).map(|start_time| Group { pgid, start_time })
+        })
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "cannot read the start time of pid {pid} in /proc/{pid}/stat"
+            ))
+        })
+        .and_then(|group| {
+            journal.started(&container_id, group)?;
+            Ok(group)
+        });
+    match noted {
+        Ok(group) => {
+            let note = Note {
+                journal,
+                container_id,
+                group,
+            };
+            Ok((child, Reaper::new(pid, Some(note))))
+        }
+        Err(e) => {
+            kill_group(pid);
+            // We are on the blocking pool; the plugin is dead or dying.
+            let _ = child.wait();
+            Err(SpawnFailure::Journal(e))
+        }
+    }
+}
+
+fn take_pipe<T>(fd: Option<OwnedFd>, wrap: impl FnOnce(OwnedFd) -> io::Result<T>) -> io::Result<T> {
+    wrap(fd.ok_or_else(|| io::Error::other("pipe missing"))?)
+}
+
+/// A plugin's stdin being written. Every step can be abandoned (the select
+/// loop drops it) without losing track of what was sent.
+struct Feed {
+    pipe: Option<pipe::Sender>,
+    data: Vec<u8>,
+    sent: usize,
+}
+
+impl Feed {
+    fn new(pipe: pipe::Sender, data: Vec<u8>) -> Self {
+        let mut feed = Self {
+            pipe: Some(pipe),
+            data,
+            sent: 0,
+        };
+        if feed.data.is_empty() {
+            feed.close();
+        }
+        feed
+    }
+
+    fn is_open(&self) -> bool {
+        self.pipe.is_some()
+    }
+
+    /// Writes the rest, then closes the pipe so the plugin sees EOF.
+    async fn run(&mut self) {
+        while let Some(tx) = &mut self.pipe {
+            match tx.write(&self.data[self.sent..]).await {
+                Ok(n) if n > 0 => {
+                    self.sent += n;
+                    if self.sent >= self.data.len() {
+                        self.close();
+                    }
+                }
+                // A plugin may exit without reading stdin: EPIPE is fine.
+                _ => self.close(),
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        self.pipe = None;
+        self.data = Vec::new();
+    }
+}
+
+/// Output of a plugin being read, keeping at most `cap` bytes (and draining
+/// the rest so the writer never blocks). Reading can be abandoned at any
+/// point and resumed: what was read stays here.
+struct Capture {
+    buf: Vec<u8>,
+    cap: usize,
+    cut: bool,
+    eof: bool,
+    error: Option<io::Error>,
+    chunk: Vec<u8>,
+}
+
+impl Capture {
+    fn new(cap: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            cap,
+            cut: false,
+            eof: false,
+            error: None,
+            chunk: Vec::new(),
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.eof || self.error.is_some()
+    }
+
+    /// Reads until EOF or an error.
+    async fn fill(&mut self, r: &mut pipe::Receiver) {
+        if self.chunk.is_empty() {
+            self.chunk = vec![0u8; 16 << 10];
+        }
+        while !self.is_done() {
+            match r.read(&mut self.chunk).await {
+                Ok(0) => self.eof = true,
+                Ok(n) => {
+                    let room = self.cap.saturating_sub(self.buf.len());
+                    if n > room {
+                        self.cut = true;
+                    }
+                    self.buf.extend_from_slice(&self.chunk[..n.min(room)]);
+                }
+                Err(e) => self.error = Some(e),
+            }
+        }
+    }
+
+    /// What was read and whether some was dropped; the read error if any.
+    fn into_parts(self) -> io::Result<(Vec<u8>, bool)> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok((self.buf, self.cut)),
+        }
+    }
+}
+
+/// Waits until our child `pid` has exited, without reaping it: on a pidfd
+/// (readable once the process exits; no thread is held), or, on kernels
+/// without pidfd_open(2), with waitid(WNOWAIT) on the blocking pool.
+async fn wait_exit(pid: u32) {
+    if let Some(fd) = pidfd_open(pid) {
+        // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open
+        // and the same for the AsyncFd's whole life.
+        let registered = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        };
+        if let Ok(fd) = registered {
+            // Readable means exited; an error means the fd cannot tell, so
+            // fall through to waitid.
+            if fd.readable().await.is_ok() {
+                return;
+            }
+        }
+    }
+    let _ = tokio::task::spawn_blocking(move || wait_exit_nowait(pid)).await;
+}
+
+/// A pidfd of `pid` (readable once it exits); `None` where the kernel
+/// has none (before 5.3).
+pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Some(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
+/// Blocks until `pid` has exited, without reaping it (WNOWAIT).
+fn wait_exit_nowait(pid: u32) {
+    loop {
+        // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: plain waitid(2) on our own child with a valid pointer.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
+}
+
+/// SIGKILLs the process group our unreaped child `pid` leads.
+pub(crate) fn kill_group(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: kill(2) with a negative pid signals the process group our
+        // (still unreaped) child leads; no memory is involved.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// A plugin run noted in a journal, to be closed once the plugin is reaped.
+struct Note {
+    journal: Arc<dyn Journal>,
+    container_id: String,
+    group: Group,
+}
+
+impl Note {
+    /// Does not block (see [`Journal::finished`]).
+    fn finished(self) {
+        self.journal.finished(&self.container_id, self.group);
+    }
+}
+
+/// Makes sure a plugin is killed and reaped, and its journal entry closed,
+/// even when the call is dropped half-way (its future cancelled).
+struct Reaper {
+    pid: Option<u32>,
+    note: Option<Note>,
+}
+
+impl Reaper {
+    fn new(pid: u32, note: Option<Note>) -> Self {
+        Self {
+            pid: Some(pid),
+            note,
+        }
+    }
+
+    /// Reaps the exited child without blocking; `None` if it cannot.
+    fn reap(&mut self, child: &mut Child) -> Option<std::process::ExitStatus> {
+        match child.try_wait() {
+            Ok(Some(s)) => {
+                self.pid = None;
+                Some(s)
+            }
+            // Not expected once the exit was seen; never wait here (this
+            // runs on the async runtime): Drop kills and reaps it on the
+            // blocking pool instead.
+            _ => None,
+        }
+    }
+
+    /// Closes the journal entry of a reaped plugin.
+    fn finish(mut self) {
+        if self.pid.is_none() {
+            if let Some(note) = self.note.take() {
+                note.finished();
+            }
+        }
+        // Otherwise Drop kills, reaps and closes the entry.
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let pid = self.pid.take();
+        let note = self.note.take();
+        if pid.is_none() && note.is_none() {
+            return;
+        }
+        if let Some(pid) = pid {
+            kill_group(pid);
+        }
+        let reap = move || {
+            if let Some(pid) = pid {
+                let mut status = 0;
+                // SAFETY: waitpid(2) on our own child, valid pointer.
+                unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+            }
+            if let Some(note) = note {
+                note.finished();
+            }
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            drop(tokio::task::spawn_blocking(reap));
+        } else {
+            reap();
+        }
+    }
+}
+
+fn describe(status: std::process::ExitStatus) -> String {
+    if let Some(sig) = status.signal() {
+        format!("killed by signal {sig}")
+    } else if let Some(code) = status.code() {
+        format!("exit status {code}")
+    } else {
+        status.to_string()
+    }
+}
+
+/// The first 4 KiB of some output, as text.
+pub(super) fn snippet(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(4096)];
+    String::from_utf8_lossy(cut).trim().to_string()
+}

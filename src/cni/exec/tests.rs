@@ -1,0 +1,251 @@
+//! The runner and the process lifecycle with real (shell) plugins.
+
+use super::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn script(dir: &Path, name: &str, body: &str) {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn env() -> CallEnv {
+    CallEnv {
+        command: "ADD",
+        container_id: "c1".into(),
+        netns: "/x".into(),
+        ifname: "eth0".into(),
+        args: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn plugin_output_and_errors_should_be_told_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    script(
+        dir.path(),
+        "ok",
+        "cat >/dev/null; echo '{\"cniVersion\":\"1.0.0\"}'; echo log >&2",
+    );
+    script(
+        dir.path(),
+        "err",
+        "echo '{\"code\":7,\"msg\":\"bad\"}'; exit 1",
+    );
+    script(dir.path(), "crash", "kill -SEGV $$");
+    script(dir.path(), "garbage", "echo nope; exit 3");
+    script(
+        dir.path(),
+        "env",
+        "echo \"$CNI_COMMAND $CNI_IFNAME $CNI_PATH\"; env | cut -d= -f1 | grep -v '^PWD$' | sort | tr '\\n' ' '",
+    );
+    let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10), None);
+    let run = |name: &'static str| {
+        let r = &r;
+        async move { r.run(&r.find(name).unwrap(), &env(), b"{}".to_vec()).await }
+    };
+    assert_eq!(run("ok").await.unwrap(), b"{\"cniVersion\":\"1.0.0\"}\n");
+    match run("err").await {
+        Err(Error::Failed { error, .. }) => assert_eq!(error.code, 7),
+        other => panic!("{other:?}"),
+    }
+    let e = run("crash").await.unwrap_err();
+    assert!(e.to_string().contains("killed by signal 11"), "{e}");
+    let e = run("garbage").await.unwrap_err();
+    assert!(matches!(e, Error::BadError { .. }), "{e}");
+    // Nothing of the daemon's environment (NOTIFY_SOCKET, LISTEN_*,
+    // JOURNAL_STREAM, or here cargo's variables) reaches a plugin; the
+    // shell adds PWD itself.
+    let out = run("env").await.unwrap();
+    let expect = format!(
+        "ADD eth0 {}\nCNI_ARGS CNI_COMMAND CNI_CONTAINERID CNI_IFNAME CNI_NETNS CNI_PATH PATH ",
+        dir.path().display()
+    );
+    assert_eq!(String::from_utf8_lossy(&out), expect);
+    assert!(matches!(r.find("missing"), Err(Error::NotFound { .. })));
+}
+
+/// A gate's blocking work runs in the trip that spawned the plugin:
+/// the plugin is already running (blocked on its stdin) while the work
+/// runs, reads nothing before it is done, and is stopped and reaped
+/// unread when it fails. The work runs once, even when the spawn fails.
+#[tokio::test]
+async fn a_gates_work_should_run_while_the_plugin_starts_and_hold_its_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let got = dir.path().join("got");
+    script(
+        dir.path(),
+        "gated",
+        &format!(
+            "echo $$ > {s}.tmp; mv {s}.tmp {s}; IN=$(cat); printf %s \"$IN\" > {g}; echo '{{\"cniVersion\":\"1.0.0\"}}'",
+            s = started.display(),
+            g = got.display()
+        ),
+    );
+    let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10), None);
+    let plugin = r.find("gated").unwrap();
+    for open in [true, false] {
+        let _ = std::fs::remove_file(&started);
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let work: Gate = {
+            let (started, got, ran) = (started.clone(), got.clone(), ran.clone());
+            Box::new(move || {
+                // The plugin runs already; it has read nothing.
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while !started.exists() {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the plugin never started"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert!(!got.exists(), "the plugin read its stdin before the work");
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if open {
+                    Ok(())
+                } else {
+                    Err("the disk is full".into())
+                }
+            })
+        };
+        let out = r.run_gated(&plugin, &env(), b"config".to_vec(), work).await;
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let pid: i32 = std::fs::read_to_string(&started)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        if open {
+            assert_eq!(out.unwrap(), b"{\"cniVersion\":\"1.0.0\"}\n");
+            assert_eq!(std::fs::read(&got).unwrap(), b"config");
+            std::fs::remove_file(&got).unwrap();
+        } else {
+            let e = out.unwrap_err();
+            assert!(matches!(e, Error::Held { .. }), "{e}");
+            assert!(e.to_string().contains("the disk is full"), "{e}");
+            assert!(!got.exists(), "read its stdin");
+            assert!(!Path::new(&format!("/proc/{pid}")).exists(), "not reaped");
+        }
+    }
+    // A plugin that cannot be executed: the spawn fails, the work ran.
+    let broken = dir.path().join("broken");
+    std::fs::write(&broken, "not a program").unwrap();
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let work: Gate = {
+        let ran = ran.clone();
+        Box::new(move || {
+            ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+    };
+    let e = r
+        .run_gated(
+            &Plugin::unlocated("broken", broken),
+            &env(),
+            b"config".to_vec(),
+            work,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Spawn { .. }), "{e}");
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn timeout_should_kill_the_whole_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("child.pid");
+    script(
+        dir.path(),
+        "hang",
+        &format!("sleep 1000 & echo $! > {}; wait", marker.display()),
+    );
+    let r = Runner::new(vec![dir.path().into()], Duration::from_millis(300), None);
+    let e = r
+        .run(&r.find("hang").unwrap(), &env(), Vec::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::TimedOut { .. }), "{e}");
+    let pid: i32 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The grandchild was SIGKILLed with its group; once init reaps it,
+    // /proc no longer lists it (a zombie reads as state Z meanwhile).
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gone() {
+        assert!(std::time::Instant::now() < deadline, "sleep survived");
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn versions_should_be_cached_until_the_binary_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let count = dir.path().join("count");
+    let body = |v: &str| {
+        format!(
+            "echo x >> {}; echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"{v}\"]}}'",
+            count.display()
+        )
+    };
+    script(dir.path(), "p", &body("0.4.0"));
+    let r = Runner::new(vec![dir.path().into()], Duration::from_secs(10), None);
+    let p = r.find("p").unwrap();
+    assert_eq!(*r.versions(&p).await.unwrap(), vec!["0.4.0".to_string()]);
+    assert_eq!(*r.versions(&p).await.unwrap(), vec!["0.4.0".to_string()]);
+    assert_eq!(std::fs::read_to_string(&count).unwrap().lines().count(), 1);
+    script(dir.path(), "p", &format!("{}   ", body("1.0.0")));
+    let p = r.find("p").unwrap();
+    assert_eq!(*r.versions(&p).await.unwrap(), vec!["1.0.0".to_string()]);
+}
+
+#[tokio::test]
+async fn failed_version_should_cost_one_bounded_call_for_a_while() {
+    let dir = tempfile::tempdir().unwrap();
+    let count = dir.path().join("count");
+    let calls = || std::fs::read_to_string(&count).unwrap().lines().count();
+    script(
+        dir.path(),
+        "p",
+        &format!("echo x >> {}; exec sleep 1000", count.display()),
+    );
+    let mut r = Runner::new(vec![dir.path().into()], Duration::from_secs(30), None);
+    assert_eq!(r.version_timeout, VERSION_TIMEOUT);
+    r.version_timeout = Duration::from_millis(300);
+    let p = r.find("p").unwrap();
+
+    // Concurrent callers share the one (bounded) VERSION call.
+    let t = std::time::Instant::now();
+    let (a, b, c) = tokio::join!(r.versions(&p), r.versions(&p), r.versions(&p));
+    assert!(a.is_none() && b.is_none() && c.is_none());
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(calls(), 1);
+    // Remembered: no call, no wait.
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        assert!(r.versions(&p).await.is_none());
+        assert!(
+            t.elapsed() < Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+    assert_eq!(calls(), 1);
+    // Once the failure is old, the plugin is asked again.
+    r.version_retry = Duration::ZERO;
+    assert!(r.versions(&p).await.is_none());
+    assert_eq!(calls(), 2);
+    let short = Runner::new(Vec::new(), Duration::from_secs(1), None);
+    assert_eq!(short.version_timeout, Duration::from_secs(1));
+}

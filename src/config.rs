@@ -298,7 +298,7 @@ impl Config {
         // multus attached; plexusd keeps its own records in stateDir.
         let cni_dir = f
             .path("cniDir")
-            .unwrap_or_else(|| PathBuf::from(cni::multus_cache::DEFAULT_CNI_DIR));
+            .unwrap_or_else(|| PathBuf::from(cni::engine::multus_cache::DEFAULT_CNI_DIR));
         let multus_namespace = f
             .string("multusNamespace")
             .filter(|s| !s.is_empty())
@@ -858,7 +858,7 @@ mod tests {
         let defaults = Config::from_json(&t.path().join("c.json"), b"{}").unwrap();
         assert_eq!(
             defaults.cni.cni_dir,
-            Path::new(cni::multus_cache::DEFAULT_CNI_DIR)
+            Path::new(cni::engine::multus_cache::DEFAULT_CNI_DIR)
         );
         let fine = Config::from_json(&t.path().join("c.json"), br#"{"socketDir":"sock"}"#).unwrap();
         fine.check_paths(PathScope { socket_dir: true }).unwrap();

@@ -1,6 +1,6 @@
 //! What `plexusd show` and `GET /attachments/<id>` report about a
 //! container: its networks, interfaces and addresses, taken from its
-//! record. Formatting only; [`super::record`] stores and loads.
+//! record. Formatting only; [`super::state`] stores and loads.
 
 use serde_json::{Map, Value};
 

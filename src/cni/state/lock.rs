@@ -28,7 +28,7 @@ pub struct Locks {
 #[derive(Debug)]
 pub struct Held {
     /// Kept open for the lock: closing it releases the lock. Shared with
-    /// [`Markers`], which keeps the running plugin's group in it.
+    /// [`Markers`](super::Markers), which keeps the running plugin's group in it.
     pub(super) file: Arc<File>,
     pub(super) path: PathBuf,
 }

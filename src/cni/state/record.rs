@@ -140,7 +140,7 @@ impl Record {
     }
 }
 
-/// The size of `record` as [`Store::save`] writes it.
+/// The size of `record` as [`Store::save`](super::Store::save) writes it.
 pub fn encoded_len(record: &Record) -> usize {
     // A Record is strings, maps and JSON values: it always serialises.
     serde_json::to_vec(record).map(|b| b.len()).unwrap_or(0)

@@ -1,9 +1,11 @@
 //! [`super`]'s file handling against caches written as multus and libcni
 //! write them, and every kind of damage.
 
-use super::*;
-use serde_json::json;
 use std::os::unix::fs::symlink;
+
+use serde_json::json;
+
+use super::*;
 
 fn b64(v: &Value) -> String {
     base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(v).unwrap())
@@ -61,7 +63,7 @@ fn the_reference_delegate_cache_should_be_read_as_multus_writes_it() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(
         dir.path().join("c1"),
-        include_str!("../../tests/fixtures/multus-cache/delegates.json"),
+        include_str!("../../../tests/fixtures/multus-cache/delegates.json"),
     )
     .unwrap();
     let d = Caches::new(dir.path()).load("c1").unwrap().unwrap();

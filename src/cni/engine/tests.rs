@@ -3,11 +3,18 @@
 //! serialization, GC against ADD, DEL and CHECK. Container locks are the
 //! real ones, in a temporary directory (see [`super::parts`]).
 
-use super::*;
-use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+
+use serde_json::json;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::timeout;
+
+use super::*;
+use crate::cni::exec::{CallEnv, Plugin};
+use crate::cni::state::{Durability, Record};
+use crate::cni::{parts, state};
+use crate::netconf::Invocation;
 
 /// Long enough for anything that should happen to happen, under load.
 const EVENTUALLY: Duration = Duration::from_secs(20);

@@ -11,10 +11,9 @@
 
 use serde_json::{Map, Value};
 
-use super::state::{Attachment, Delegate, Durability, Record};
 use super::{Engine, Error, ErrorKind, Loaded, Planned, State};
-use crate::api::code;
-use crate::api::Command;
+use crate::api::{code, Command};
+use crate::cni::state::{Attachment, Delegate, Durability, Record};
 use crate::netconf::Invocation;
 
 impl Engine {
@@ -230,7 +229,7 @@ mod tests {
     fn record() -> Record {
         // As an earlier version wrote it: no hotPluggedInto anywhere.
         serde_json::from_value(json!({
-            "kind": super::super::state::KIND,
+            "kind": crate::cni::state::KIND,
             "containerId": "c1",
             "attachments": [{
                 "ifname": "eth0", "netns": "/run/netns/x", "cniArgs": "",

@@ -21,18 +21,17 @@
 //! docs/records.md says what they do with the caches.
 
 use std::collections::BTreeSet;
-use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
+use std::{fs, io};
 
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::exec::CallEnv;
-use super::state::{self, read_regular, Store, Unreadable};
 use super::{blocking, Engine, ErrorKind};
 use crate::api::{code, Command};
+use crate::cni::exec::CallEnv;
+use crate::cni::state::{self, read_regular, Store, Unreadable};
 use crate::names::check_ifname;
 use crate::netconf::{self, ConfigError, Invocation, NetworkList};
 
@@ -47,7 +46,7 @@ const RESULTS: &str = "results";
 
 /// Why a cache could not be used: the state's own error, whose
 /// [`Error::Damaged`] names the file a [`MULTUS_CACHE`].
-pub use super::state::Error;
+pub use crate::cni::state::Error;
 
 /// What a damaged file of multus's is, in messages.
 pub const MULTUS_CACHE: &str = "multus cache";

@@ -1,0 +1,298 @@
+//! ADD: the attachment recorded before any plugin runs, each network's
+//! chain run in order and recorded as it succeeds, and a rollback of what
+//! was added when a network fails.
+
+use serde_json::{Map, Value};
+
+use super::chain::{declared_capabilities, recorded_capabilities};
+use super::lock::Loaded;
+use super::{AddedNetwork, Engine, Error, ErrorKind, Planned};
+use crate::api::{code, Command};
+use crate::cni::state;
+use crate::cni::state::{Attachment, Delegate, Durability, Record, State};
+use crate::netconf::Invocation;
+
+/// An ADD whose networks were all added, before the record's last write.
+pub(super) struct AddPending {
+    pub(super) record: Record,
+    /// The attachment the ADD made (one delegate per network).
+    pub(super) slot: usize,
+}
+
+impl AddPending {
+    /// Every network's result, in order.
+    pub(super) fn added(&self) -> Vec<AddedNetwork> {
+        self.record.attachments[self.slot]
+            .delegates
+            .iter()
+            .filter_map(|d| {
+                Some(AddedNetwork {
+                    name: d.name.clone(),
+                    ifname: d.ifname.clone(),
+                    primary: d.primary,
+                    result: d.result.clone()?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Engine {
+    /// ADD: attaches `planned` networks to the container; returns the
+    /// primary network's result.
+    pub async fn add(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        planned: Vec<Planned>,
+    ) -> Result<Value, Error> {
+        let added = self.add_networks(inv, cap_args, planned).await?;
+        added
+            .iter()
+            .find(|a| a.primary)
+            .or_else(|| added.first())
+            .map(|a| a.result.clone())
+            .ok_or_else(|| Error::new(ErrorKind::Failed, code::INTERNAL, "ADD produced no result"))
+    }
+
+    /// [`Engine::add`], answering every network's result (for a status
+    /// report of all of them), in order.
+    pub async fn add_networks(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        planned: Vec<Planned>,
+    ) -> Result<Vec<AddedNetwork>, Error> {
+        // Before anything runs, so the rollback of a failed ADD, too, only
+        // ever runs in a namespace that passed. The plugins are located
+        // in the same trip to the blocking pool.
+        let mut plugins: Vec<String> = Vec::new();
+        for p in &planned {
+            for i in 0..p.list.plugins.len() {
+                let kind = p.list.plugin_type(i);
+                if !plugins.iter().any(|k| k == kind) {
+                    plugins.push(kind.to_string());
+                }
+            }
+        }
+        let (lock, loaded) = self
+            .lock_op_with(
+                &inv.container_id,
+                Some((Command::Add, &inv.netns)),
+                plugins,
+                false,
+            )
+            .await?;
+        let pending = match self.add_unsaved(inv, cap_args, planned, loaded, None).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.unlock(&inv.container_id, lock).await;
+                return Err(e);
+            }
+        };
+        let saved = self
+            .save_and_unlock(&inv.container_id, lock, pending.record.clone())
+            .await;
+        match saved {
+            Ok(()) => Ok(pending.added()),
+            Err((e, Some(lock))) => {
+                let out = self.roll_back_saved(inv, pending, e).await;
+                self.unlock(&inv.container_id, lock).await;
+                Err(out)
+            }
+            // Released already: the record still says the networks are
+            // being added, and the runtime's DEL removes them.
+            Err((e, None)) => Err(e),
+        }
+    }
+
+    /// Adds `planned` under the container's lock taken with `loaded`, the
+    /// record saved last.
+    pub(super) async fn add_locked(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        planned: Vec<Planned>,
+        loaded: Loaded,
+        hot_plugged_into: Option<String>,
+    ) -> Result<Vec<AddedNetwork>, Error> {
+        let pending = self
+            .add_unsaved(inv, cap_args, planned, loaded, hot_plugged_into)
+            .await?;
+        if let Err(e) = self.save_record(&pending.record, Durability::Atomic).await {
+            return Err(self.roll_back_saved(inv, pending, e).await);
+        }
+        Ok(pending.added())
+    }
+
+    /// Rolls back every network of an ADD whose last record write failed
+    /// with `cause`.
+    pub(super) async fn roll_back_saved(
+        &self,
+        inv: &Invocation,
+        pending: AddPending,
+        cause: Error,
+    ) -> Error {
+        let AddPending { mut record, slot } = pending;
+        let last = record.attachments[slot].delegates.len().saturating_sub(1);
+        self.roll_back(inv, &mut record, slot, last, None, cause)
+            .await
+    }
+
+    /// [`Engine::add_locked`] up to the record's last write, which is the
+    /// caller's: every network added, its result in the record.
+    pub(super) async fn add_unsaved(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        planned: Vec<Planned>,
+        loaded: Loaded,
+        hot_plugged_into: Option<String>,
+    ) -> Result<AddPending, Error> {
+        // Everything that can be checked before running anything is.
+        let mut prepared = Vec::with_capacity(planned.len());
+        for p in &planned {
+            prepared.push(
+                self.prepare_with(&p.list, Command::Add, &loaded.found)
+                    .await?,
+            );
+        }
+        let mut record = loaded
+            .record
+            .unwrap_or_else(|| Record::new(&inv.container_id));
+        if record.attachment(&inv.ifname).is_some() {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                code::INVALID_ENVIRONMENT,
+                format!(
+                    "container {:?} already has an attachment on {:?}; DEL it before adding it again",
+                    inv.container_id, inv.ifname
+                ),
+            ));
+        }
+        // Only what some plugin declared: nothing else reaches a plugin
+        // (libcni's rule, see stdin_for), so nothing else is kept.
+        let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
+        record.attachments.push(Attachment {
+            hot_plugged_into,
+            ifname: inv.ifname.clone(),
+            netns: inv.netns.clone(),
+            cni_args: inv.args.clone(),
+            capability_args: cap_args.clone(),
+            delegates: planned
+                .iter()
+                .map(|p| Delegate {
+                    name: p.list.name.clone(),
+                    ifname: p.ifname.clone(),
+                    primary: p.primary,
+                    state: State::Pending,
+                    config: p.list.to_value(),
+                    capability_args: p
+                        .capability_args
+                        .clone()
+                        .map(|own| recorded_capabilities(&p.list, own)),
+                    cni_args: p.cni_args.clone(),
+                    result: None,
+                })
+                .collect(),
+        });
+        let slot = record.attachments.len() - 1;
+        // A record read back on every call must stay small; refused before
+        // anything ran, so there is nothing to roll back.
+        let size = state::encoded_len(&record);
+        if size > state::MAX_NEW_RECORD_BYTES {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                code::INVALID_NETWORK_CONFIG,
+                format!(
+                    "container {:?}: the attachment record would be {size} bytes, more than the {} allowed; the network configurations or the capability arguments (runtimeConfig) they declare are too large",
+                    inv.container_id,
+                    state::MAX_NEW_RECORD_BYTES
+                ),
+            ));
+        }
+
+        for (i, (p, prep)) in planned.iter().zip(&prepared).enumerate() {
+            record.attachments[slot].delegates[i].state = State::Adding;
+            // The record must be on disk before this network's first
+            // plugin reads its configuration; its write and syncs run
+            // while that plugin starts (see docs/records.md).
+            let (synced, gate) = self.save_synced_gate(&record);
+            let env = self.call_env(
+                Command::Add,
+                inv,
+                &p.ifname,
+                &inv.netns,
+                p.cni_args.as_deref(),
+            );
+            let args = record.attachments[slot].delegates[i]
+                .capability_args
+                .clone()
+                .unwrap_or_else(|| cap_args.clone());
+            let added = self.add_chain(&p.list, prep, &env, &args, Some(gate)).await;
+            // Nothing writes the record again before its sync is done.
+            if let Err(e) = synced.done().await {
+                let partial = added.err().and_then(|(_, partial)| partial);
+                return Err(self.roll_back(inv, &mut record, slot, i, partial, e).await);
+            }
+            match added {
+                Ok(res) => {
+                    let d = &mut record.attachments[slot].delegates[i];
+                    d.state = State::Added;
+                    d.result = Some(res);
+                }
+                Err((e, partial)) => {
+                    return Err(self.roll_back(inv, &mut record, slot, i, partial, e).await);
+                }
+            }
+        }
+        Ok(AddPending { record, slot })
+    }
+
+    /// Undoes networks `0..=failed` of attachment `slot` after `cause`;
+    /// drops the attachment from the record when that worked, keeps it
+    /// (for the runtime's DEL) when it did not. Returns the error to report.
+    pub(super) async fn roll_back(
+        &self,
+        inv: &Invocation,
+        record: &mut Record,
+        slot: usize,
+        failed: usize,
+        partial: Option<Value>,
+        cause: Error,
+    ) -> Error {
+        let att = record.attachments[slot].clone();
+        let mut errors = Vec::new();
+        for j in (0..=failed).rev() {
+            let d = &att.delegates[j];
+            if d.state == State::Pending {
+                continue;
+            }
+            let prev = if j == failed && d.state != State::Added {
+                partial.as_ref()
+            } else {
+                d.result.as_ref()
+            };
+            let errs = self.del_recorded(inv, &inv.netns, &att, d, prev, &[]).await;
+            if errs.is_empty() {
+                record.attachments[slot].delegates[j].state = State::Pending;
+            }
+            errors.extend(errs);
+        }
+        let mut cause = cause;
+        if errors.is_empty() {
+            record.attachments.remove(slot);
+        } else {
+            let e = Error::join(Command::Del, "the rollback", errors);
+            tracing::warn!(container_id = %inv.container_id, cause = %e, "rollback after a failed ADD left errors; the attachment stays recorded for DEL");
+            if !cause.details.is_empty() {
+                cause.details.push_str("; ");
+            }
+            cause.details.push_str(&e.msg);
+        }
+        if let Err(e) = self.save_record(record, Durability::Atomic).await {
+            tracing::error!(container_id = %inv.container_id, cause = %e, "cannot update the attachment record after a rollback");
+        }
+        cause
+    }
+}

@@ -1,0 +1,273 @@
+//! DEL: every recorded network of the attachment in reverse order, from
+//! the record alone; without a record, multus's caches or the configured
+//! networks. Every error is collected and the DEL goes on.
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use serde_json::{Map, Value};
+
+use super::chain::{declared_capabilities, recorded_list};
+use super::lock::Loaded;
+use super::multus_cache::Multus;
+use super::{blocking, Engine, Error, Planned};
+use crate::api::Command;
+use crate::cni::exec::Plugin;
+use crate::cni::state::{Attachment, Delegate, Durability, Record, State};
+use crate::netconf::Invocation;
+
+impl Engine {
+    /// DEL of one recorded network of attachment `att`, with the network
+    /// config it was added with and `prev` as prevResult; the errors.
+    pub(super) async fn del_recorded(
+        &self,
+        inv: &Invocation,
+        netns: &str,
+        att: &Attachment,
+        d: &Delegate,
+        prev: Option<&Value>,
+        found: &[Plugin],
+    ) -> Vec<Error> {
+        let list = match recorded_list(d) {
+            Ok(l) => l,
+            Err(e) => return vec![Error::config(e)],
+        };
+        let env = self.call_env(Command::Del, inv, &d.ifname, netns, d.cni_args.as_deref());
+        let cap_args = d.capability_args_in(att);
+        let errors = self.del_chain(&list, &env, cap_args, prev, found).await;
+        if errors.is_empty() {
+            self.remove_device_info(cap_args).await;
+        }
+        errors
+    }
+
+    /// After a network's DEL: its device-info file (the
+    /// `CNIDeviceInfoFile` capability argument), when that names a file
+    /// directly in the device-info directory's `cni/`; any other path is
+    /// left alone.
+    pub(super) async fn remove_device_info(&self, cap_args: &Map<String, Value>) {
+        let Some(file) = cap_args.get("CNIDeviceInfoFile").and_then(Value::as_str) else {
+            return;
+        };
+        let path = PathBuf::from(file);
+        if !crate::device_info::is_cni_file(&self.config.device_info_dir, &path) {
+            return;
+        }
+        match tokio::fs::remove_file(&path).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(file = %path.display(), cause = %e, "cannot remove a device-info file")
+            }
+        }
+    }
+
+    /// DEL: removes the attachment named by the call, from its record.
+    /// Nothing recorded means nothing to do, unless the container's record
+    /// was damaged (now, or earlier and moved aside): then DEL runs the
+    /// networks `fallback` supplies (the configured ones, with `cap_args`
+    /// and the call's environment), as a runtime without records would.
+    /// `fallback` is called only then, so a normal DEL loads no config.
+    pub async fn del<F, Fut>(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        fallback: F,
+    ) -> Result<(), Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Vec<Planned>, Error>>,
+    {
+        let (lock, loaded) = self
+            .lock_op_with(
+                &inv.container_id,
+                Some((Command::Del, &inv.netns)),
+                Vec::new(),
+                true,
+            )
+            .await?;
+        let (out, changed) = self.del_or_fall_back(inv, cap_args, fallback, loaded).await;
+        let Some(record) = changed else {
+            self.unlock(&inv.container_id, lock).await;
+            return out;
+        };
+        // A failed write of what is left of the record is the DEL's error.
+        match self.save_and_unlock(&inv.container_id, lock, record).await {
+            Ok(()) => out,
+            Err((e, lock)) => {
+                if let Some(lock) = lock {
+                    self.unlock(&inv.container_id, lock).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) async fn del_or_fall_back<F, Fut>(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        fallback: F,
+        loaded: Loaded,
+    ) -> (Result<(), Error>, Option<Record>)
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Vec<Planned>, Error>>,
+    {
+        let mut record = loaded
+            .record
+            .unwrap_or_else(|| Record::new(&inv.container_id));
+        let hot_plugged = record.hot_plugged(&inv.ifname);
+        if record.attachment(&inv.ifname).is_none() && hot_plugged.is_empty() {
+            // A container multus attached before plexusd took over.
+            let (multus, was_set_aside) = match loaded.unrecorded {
+                Some(u) => (u.multus, Some(u.was_set_aside)),
+                None => match self.load_multus(&inv.container_id).await {
+                    Ok(m) => (m, None),
+                    Err(e) => return (Err(e), None),
+                },
+            };
+            if let Multus::Delegates(delegates) = &multus {
+                tracing::info!(container_id = %inv.container_id, ifname = %inv.ifname, networks = delegates.len(), "no record of its own: DEL runs the networks multus cached for the container");
+                let out = self
+                    .del_multus(inv, &inv.netns, &inv.ifname, delegates, &cap_args)
+                    .await;
+                return (out, None);
+            }
+            let lost = loaded.set_aside
+                || matches!(multus, Multus::SetAside)
+                || match was_set_aside {
+                    Some(known) => known,
+                    None => {
+                        let store = self.store.clone();
+                        let cid = inv.container_id.clone();
+                        match blocking(move || store.was_set_aside(&cid)).await {
+                            Ok(known) => known,
+                            Err(e) => return (Err(e), None),
+                        }
+                    }
+                };
+            if !lost {
+                return (Ok(()), None);
+            }
+            let planned = match fallback().await {
+                Ok(p) => p,
+                Err(e) => return (Err(e), None),
+            };
+            let names: Vec<&str> = planned.iter().map(|p| p.list.name.as_str()).collect();
+            tracing::warn!(container_id = %inv.container_id, ifname = %inv.ifname, networks = ?names, "the container's record was damaged: DEL runs the configured networks");
+            // Recorded like an ADD that was cut short, so that whatever
+            // fails here stays recorded for the next DEL.
+            let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
+            record.attachments.push(Attachment {
+                hot_plugged_into: None,
+                ifname: inv.ifname.clone(),
+                netns: inv.netns.clone(),
+                cni_args: inv.args.clone(),
+                capability_args: cap_args,
+                delegates: planned
+                    .into_iter()
+                    .map(|p| Delegate {
+                        name: p.list.name.clone(),
+                        ifname: p.ifname,
+                        primary: p.primary,
+                        state: State::Adding,
+                        config: p.list.to_value(),
+                        capability_args: None,
+                        cni_args: None,
+                        result: None,
+                    })
+                    .collect(),
+            });
+        }
+        // Networks hot-plugged into this attachment go first, newest first,
+        // as a DEL undoes an ADD: nothing of them may outlive the pod.
+        let mut errors = Vec::new();
+        for ifname in hot_plugged.iter().rev() {
+            let one = Invocation {
+                ifname: ifname.clone(),
+                ..inv.clone()
+            };
+            if let Err(e) = self
+                .del_attachment_unsaved(&one, &inv.netns, &mut record, &loaded.found)
+                .await
+            {
+                errors.push(e);
+            }
+        }
+        if let Err(e) = self
+            .del_attachment_unsaved(inv, &inv.netns, &mut record, &loaded.found)
+            .await
+        {
+            errors.push(e);
+        }
+        let out = match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::join(
+                Command::Del,
+                &format!(
+                    "container {:?} ifname {:?} and the networks hot-plugged into it",
+                    inv.container_id, inv.ifname
+                ),
+                errors,
+            )),
+        };
+        (out, Some(record))
+    }
+
+    /// DELs attachment `inv.ifname` of `record` (which must hold it) and
+    /// saves what is left of the record: the networks whose DEL failed.
+    pub(super) async fn del_attachment(
+        &self,
+        inv: &Invocation,
+        netns: &str,
+        record: &mut Record,
+    ) -> Result<(), Error> {
+        let out = self.del_attachment_unsaved(inv, netns, record, &[]).await;
+        self.save_record(record, Durability::Atomic).await?;
+        out
+    }
+
+    /// [`Engine::del_attachment`] leaving the record's write to the
+    /// caller; plugins in `found` are taken as located.
+    pub(super) async fn del_attachment_unsaved(
+        &self,
+        inv: &Invocation,
+        netns: &str,
+        record: &mut Record,
+        found: &[Plugin],
+    ) -> Result<(), Error> {
+        let Some(att) = record.attachment(&inv.ifname).cloned() else {
+            return Ok(());
+        };
+        let mut errors = Vec::new();
+        let mut left = Vec::new();
+        let inv = Invocation {
+            args: if inv.args.is_empty() {
+                att.cni_args.clone()
+            } else {
+                inv.args.clone()
+            },
+            ..inv.clone()
+        };
+        for d in att.delegates.iter().rev() {
+            if d.state == State::Pending {
+                continue;
+            }
+            let errs = self
+                .del_recorded(&inv, netns, &att, d, d.result.as_ref(), found)
+                .await;
+            if !errs.is_empty() {
+                left.push(d.clone());
+            }
+            errors.extend(errs);
+        }
+        left.reverse();
+        if let Some(a) = record.attachment_mut(&inv.ifname) {
+            a.delegates = left;
+        }
+        record.attachments.retain(|a| !a.delegates.is_empty());
+        Error::dels_ok(&inv, errors)
+    }
+}

@@ -1,0 +1,237 @@
+//! GC (1.1.0+): stale attachments DELed one container at a time, then the
+//! plugins' own GC, the only phase that excludes every other call.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use super::chain::stdin_object;
+use super::lock::Loaded;
+use super::{blocking, Engine, Error};
+use crate::api::Command;
+use crate::cni::exec::{CallEnv, Plugin};
+use crate::cni::state::Attachment;
+use crate::netconf::{at_least, Invocation, NetworkList};
+
+pub(super) fn is_valid(id: &str, att: &Attachment, valid: &BTreeSet<(String, String)>) -> bool {
+    let listed = |ifname: &str| valid.contains(&(id.to_string(), ifname.to_string()));
+    listed(&att.ifname) || att.hot_plugged_into.as_deref().is_some_and(listed)
+}
+
+impl Engine {
+    /// GC: DELs every recorded attachment whose (container id, ifname) is
+    /// not in `valid`, then sends GC to the plugins of `lists` that speak
+    /// 1.1.0 with the attachments still recorded. Errors are collected.
+    ///
+    /// The sweep locks one container at a time, only while its stale
+    /// attachments are deleted: calls for other containers go on meanwhile.
+    pub async fn gc(
+        &self,
+        valid: &BTreeSet<(String, String)>,
+        lists: &[NetworkList],
+    ) -> Result<(), Error> {
+        let store = self.store.clone();
+        let ids = blocking(move || store.list())
+            .await?
+            .map_err(Error::record)?;
+        let mut errors = Vec::new();
+        // Stale attachments whose DEL failed: the plugins' GC may free them.
+        let mut failed = BTreeSet::new();
+        for id in ids {
+            // A look without the lock first: valid containers, most of
+            // them, are never locked.
+            let store = self.store.clone();
+            let cid = id.clone();
+            match blocking(move || store.load(&cid)).await? {
+                Ok(None) => continue,
+                Ok(Some(r)) if r.attachments.iter().all(|a| is_valid(&id, a, valid)) => continue,
+                // Stale attachments, a damaged record or an unreadable one:
+                // a second look under the lock decides.
+                _ => {}
+            }
+            let (lock, loaded) = match self.lock_op(&id, None).await {
+                Ok(l) => l,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            errors.extend(self.gc_container(&id, loaded, valid, &mut failed).await);
+            self.unlock(&id, lock).await;
+        }
+        // The containers multus attached, the same way.
+        let mut multus_failed = BTreeSet::new();
+        errors.extend(self.gc_multus(valid, &mut multus_failed).await);
+        errors.extend(self.gc_plugins(lists, &failed, &multus_failed).await);
+        Error::all_ok(Command::Gc, || "stale attachments".into(), errors)
+    }
+
+    /// DELs the stale attachments of container `id`, locked by the caller,
+    /// which loaded `loaded` under that lock (a damaged record was moved
+    /// aside then, and is skipped).
+    pub(super) async fn gc_container(
+        &self,
+        id: &str,
+        loaded: Loaded,
+        valid: &BTreeSet<(String, String)>,
+        failed: &mut BTreeSet<(String, String)>,
+    ) -> Vec<Error> {
+        let Some(mut record) = loaded.record else {
+            return Vec::new();
+        };
+        // Hot-plugged networks before the attachments they joined, newest
+        // first, as the runtime's DEL would.
+        let (mut stale, own): (Vec<Attachment>, Vec<Attachment>) = record
+            .attachments
+            .iter()
+            .filter(|a| !is_valid(id, a, valid))
+            .cloned()
+            .partition(|a| a.hot_plugged_into.is_some());
+        stale.reverse();
+        stale.extend(own);
+        let mut errors = Vec::new();
+        for att in stale {
+            let inv = Invocation {
+                command: Command::Del,
+                container_id: id.to_string(),
+                netns: att.netns.clone(),
+                ifname: att.ifname.clone(),
+                args: att.cni_args.clone(),
+                arg_pairs: Vec::new(),
+            };
+            // The recorded namespace is checked again: it may be gone, but
+            // it must not be (or have become) the host's.
+            if let Err(e) = self.check_netns(Command::Del, &att.netns).await {
+                failed.insert((id.to_string(), att.ifname.clone()));
+                errors.push(e);
+                continue;
+            }
+            tracing::info!(container_id = %id, ifname = %att.ifname, "GC: deleting a stale attachment");
+            if let Err(e) = self.del_attachment(&inv, &att.netns, &mut record).await {
+                failed.insert((id.to_string(), att.ifname.clone()));
+                errors.push(e);
+            }
+        }
+        errors
+    }
+
+    /// The last phase of GC: sends GC to every plugin of `lists` that
+    /// speaks 1.1.0, with every recorded attachment but the `failed` stale
+    /// ones as the valid attachments, and every attachment in multus's
+    /// result cache but those of the `multus_failed` containers.
+    pub(super) async fn gc_plugins(
+        &self,
+        lists: &[NetworkList],
+        failed: &BTreeSet<(String, String)>,
+        multus_failed: &BTreeSet<String>,
+    ) -> Vec<Error> {
+        let mut errors = Vec::new();
+        // Worked out before the exclusive lock: VERSION runs may be slow,
+        // and with no plugin to run, nothing is locked at all.
+        let mut work = Vec::new();
+        for list in lists {
+            if list.disable_gc || !list.version().is_some_and(|v| at_least(&v, "1.1.0")) {
+                continue;
+            }
+            match self.prepare(list, Command::Gc).await {
+                Ok(p) => {
+                    let plugins: Vec<(usize, Plugin, String)> = p
+                        .plugins
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(_, (_, v))| at_least(v, "1.1.0"))
+                        .map(|(i, (p, v))| (i, p, v))
+                        .collect();
+                    if !plugins.is_empty() {
+                        work.push((list, plugins));
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        if work.is_empty() {
+            return errors;
+        }
+        // Exclusive, and only around this phase. A plugin told to GC frees
+        // whatever is missing from the valid list, so the list must hold
+        // every attachment whose ADD has started: otherwise an ADD running
+        // now could lose the address it just reserved. Every operation
+        // holds gc_lock (this daemon) and .gc.lock (any daemon on this
+        // stateDir) shared from before it records its attachment until its
+        // plugins are done; holding both exclusively, no ADD runs, and each
+        // one that ran is in the records read below.
+        let _gc = self.gc_lock.write().await;
+        let locks = self.locks.clone();
+        let _gc_file = match blocking(move || locks.gc_exclusive()).await {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => {
+                errors.push(Error::record(e));
+                return errors;
+            }
+            Err(e) => {
+                errors.push(e);
+                return errors;
+            }
+        };
+        let store = self.store.clone();
+        let multus = self.multus.clone();
+        let records = blocking(move || -> Result<_, Error> {
+            let mut out = Vec::new();
+            for id in store.list().map_err(Error::record)? {
+                // A damaged record names nothing that could be kept.
+                if let Ok(Some(r)) = store.load(&id) {
+                    out.push(r);
+                }
+            }
+            // Not one cache may be missed: a plugin frees what is not listed.
+            let cached = multus.results().map_err(Error::multus)?;
+            Ok((out, cached))
+        })
+        .await;
+        let (records, multus_cached) = match records {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) | Err(e) => {
+                errors.push(e);
+                return errors;
+            }
+        };
+        let env = CallEnv {
+            command: Command::Gc.as_str(),
+            ..CallEnv::default()
+        };
+        for (list, plugins) in work {
+            let attachments: Vec<Value> = records
+                .iter()
+                .flat_map(|r| {
+                    r.attachments
+                        .iter()
+                        .filter(|a| !failed.contains(&(r.container_id.clone(), a.ifname.clone())))
+                        .flat_map(|a| a.delegates.iter())
+                        .filter(|d| d.name == list.name)
+                        .map(|d| serde_json::json!({"containerID": r.container_id, "ifname": d.ifname}))
+                })
+                .chain(
+                    multus_cached
+                        .iter()
+                        .filter(|c| c.network == list.name && !multus_failed.contains(&c.container_id))
+                        .map(|c| serde_json::json!({"containerID": c.container_id, "ifname": c.ifname})),
+                )
+                .collect();
+            let valid_value = if attachments.is_empty() {
+                Value::Null
+            } else {
+                Value::Array(attachments)
+            };
+            for (i, plugin, version) in plugins {
+                let mut stdin = stdin_object(list, i, &version);
+                stdin.insert("cni.dev/valid-attachments".into(), valid_value.clone());
+                stdin.insert("cni.dev/attachments".into(), valid_value.clone());
+                let stdin = serde_json::to_vec(&Value::Object(stdin)).unwrap_or_default();
+                if let Err(e) = self.runner.run(&plugin, &env, stdin).await {
+                    errors.push(Error::plugin(Command::Gc, &list.name, e));
+                }
+            }
+        }
+        errors
+    }
+}

@@ -47,12 +47,7 @@ impl Engine {
         planned: Vec<Planned>,
     ) -> Result<Value, Error> {
         let added = self.add_networks(inv, cap_args, planned).await?;
-        added
-            .iter()
-            .find(|a| a.primary)
-            .or_else(|| added.first())
-            .map(|a| a.result.clone())
-            .ok_or_else(|| Error::new(ErrorKind::Failed, code::INTERNAL, "ADD produced no result"))
+        Ok(AddedNetwork::primary(&added)?.result.clone())
     }
 
     /// [`Engine::add`], answering every network's result (for a status

@@ -11,7 +11,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{Engine, Error, ErrorKind, Loaded, Planned, State};
+use super::{AddedNetwork, Engine, Error, ErrorKind, Loaded, Planned, State};
 use crate::api::{code, Command};
 use crate::cni::state::{Attachment, Delegate, Durability, Record};
 use crate::netconf::Invocation;
@@ -70,11 +70,7 @@ impl Engine {
         let added = self
             .add_locked(inv, Map::new(), vec![planned], loaded, Some(into))
             .await?;
-        added
-            .into_iter()
-            .next()
-            .map(|a| a.result)
-            .ok_or_else(|| Error::new(ErrorKind::Failed, code::INTERNAL, "ADD produced no result"))
+        Ok(AddedNetwork::primary(&added)?.result.clone())
     }
 
     /// DEL of the network on interface `inv.ifname`: a hot-plugged one

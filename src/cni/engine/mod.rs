@@ -155,6 +155,18 @@ pub struct AddedNetwork {
     pub result: Value,
 }
 
+impl AddedNetwork {
+    /// The network whose result the runtime receives: the primary one,
+    /// else the first that ran.
+    pub fn primary(added: &[AddedNetwork]) -> Result<&AddedNetwork, Error> {
+        added
+            .iter()
+            .find(|a| a.primary)
+            .or_else(|| added.first())
+            .ok_or_else(|| Error::new(ErrorKind::Failed, code::INTERNAL, "ADD produced no result"))
+    }
+}
+
 /// The engine: shared by every request.
 #[derive(Debug)]
 pub struct Engine {

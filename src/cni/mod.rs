@@ -8,6 +8,8 @@
 //!   markers of running plugins) and how it is written.
 //! - [`exec`]: the plugin process, from spawn to reap, and the runner that
 //!   finds plugins and caches their VERSION answer.
+//! - [`default_route`]: multus's `default-route`: which network owns a
+//!   pod's default routes, and the route changes in the pod that follow.
 //! - [`confdir`]: network configurations read from files.
 //! - [`netns`]: which network namespaces a plugin may run in.
 //! - [`parts`]: the traits the engine runs plugins and keeps records
@@ -17,6 +19,7 @@
 //! Nothing here knows about HTTP, the shim or Kubernetes.
 
 pub mod confdir;
+pub mod default_route;
 pub mod engine;
 pub mod exec;
 pub mod netns;

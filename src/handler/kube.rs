@@ -8,9 +8,9 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-use super::routes_in_pod::{self, Marks};
 use super::{failure, Kubernetes, Networks};
 use crate::api::code;
+use crate::cni::default_route::{self, Marks};
 use crate::cni::{self, Planned};
 use crate::device_info;
 use crate::k8s::devices::{DeviceError, Devices};
@@ -155,7 +155,7 @@ impl Networks {
             .iter()
             .map(|n| n.default_route.as_deref())
             .collect();
-        let marks = routes_in_pod::plan(&requests)
+        let marks = default_route::plan(&requests)
             .map_err(|e| bad_config(format!("pod {}/{}: {e}", pod_ref.namespace, pod_ref.name)))?;
         let display: Vec<String> = networks.iter().map(|n| n.display_name.clone()).collect();
         let copies: Vec<(PathBuf, PathBuf)> = networks
@@ -474,7 +474,7 @@ async fn load_device_info(files: Vec<Option<PathBuf>>) -> Vec<Option<device_info
 }
 
 /// multus's `default-route` handling after a pod's networks were attached
-/// (see [`routes_in_pod`]): the default routes of every attached network
+/// (see [`default_route`]): the default routes of every attached network
 /// are removed in the pod and the requested ones added. The result given
 /// to the runtime is not changed.
 ///
@@ -488,17 +488,17 @@ async fn set_default_routes(
     marks: &[Marks],
     added: &[cni::AddedNetwork],
 ) -> Result<(), Failure> {
-    let actions = routes_in_pod::actions(marks.iter().zip(added).map(|(m, a)| {
+    let actions = default_route::actions(marks.iter().zip(added).map(|(m, a)| {
         (
             m,
             a.ifname.as_str(),
-            routes_in_pod::shows_attachment(&a.result),
+            default_route::shows_attachment(&a.result),
         )
     }));
     if !actions.is_empty() {
         tracing::info!(container_id = %inv.container_id, netns = %inv.netns, changes = ?actions, "default-route: changing the pod's default routes");
     }
-    routes_in_pod::apply(&inv.netns, actions, routes_in_pod::COMMAND_TIMEOUT)
+    default_route::apply(&inv.netns, actions, default_route::COMMAND_TIMEOUT)
         .await
         .map_err(|e| {
             tracing::warn!(container_id = %inv.container_id, cause = %e, "default-route handling failed; the attachments stay for the runtime's DEL");

@@ -17,7 +17,6 @@ use crate::netconf::{self, Invalid, Invocation, NetworkList};
 
 mod delegate;
 mod kube;
-mod routes_in_pod;
 use crate::readiness_file::Indicator;
 use crate::result;
 use crate::selection::{self, overlay::Overlay};

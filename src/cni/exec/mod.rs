@@ -33,8 +33,7 @@ mod tests;
 
 pub use error::{Error, PluginError};
 pub use group::{kill_stale_group, start_time, Group, Journal};
-pub(crate) use process::{kill_group, pidfd_open};
-pub use process::{STDERR_CAP, STDOUT_CAP};
+pub use process::{run_command, Finished, STDERR_CAP, STDOUT_CAP};
 pub use runner::{CallEnv, Plugin, Runner, VERSION_RETRY, VERSION_TIMEOUT};
 
 /// What must be done before a plugin may read its configuration (see

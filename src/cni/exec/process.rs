@@ -7,8 +7,9 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::process::ExitStatusExt;
-use std::process::Child;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +31,42 @@ const PIPE_GRACE: Duration = Duration::from_millis(100);
 
 /// libcni retries exec on ETXTBSY (a binary being replaced) this often.
 const TXTBSY_RETRIES: u32 = 5;
+
+/// How a command run by [`run_command`] ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// Killed with its group at the deadline.
+    pub timed_out: bool,
+    /// `None` when it could not be reaped here.
+    pub status: Option<std::process::ExitStatus>,
+    /// What it wrote to stderr, at most [`STDERR_CAP`] bytes.
+    pub stderr: Vec<u8>,
+}
+
+/// Runs `cmd`, a helper command rather than a plugin (`name` names it in
+/// errors), exactly as a plugin is run: in a process group of its own,
+/// with an empty stdin, its output read until it exits or `timeout`
+/// passes, its group killed before it is reaped, and nothing of it left
+/// when this returns or is dropped. Its stdout is read and dropped. The
+/// caller sets its environment and directory.
+pub async fn run_command(
+    mut cmd: std::process::Command,
+    name: &str,
+    timeout: Duration,
+) -> Result<Finished, Error> {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let plugin = Plugin::unlocated(name, PathBuf::from(cmd.get_program()));
+    let (process, _) = Process::start(cmd, &plugin, None, None).await?;
+    let ended = process.run(Vec::new(), timeout).await;
+    Ok(Finished {
+        timed_out: ended.timed_out,
+        status: ended.status,
+        stderr: ended.stderr,
+    })
+}
 
 /// A spawned plugin and its pipes. Dropped at any point, its [`Reaper`]
 /// kills and reaps it.

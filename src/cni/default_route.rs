@@ -41,21 +41,18 @@
 //!   returned to the runtime is not modified.
 //!
 //! The changes are made with `nsenter --net=<CNI_NETNS> ip route ...`
-//! (util-linux and iproute2, on every node), each run on the blocking pool
-//! with a deadline: no shell, a clean environment, the interface name
+//! (util-linux and iproute2, on every node), each run as a plugin is run
+//! (a process group of its own, killed with it at a deadline, killed before
+//! it is reaped): no shell, a clean environment, the interface name
 //! checked by the interface-name rules and each gateway passed as a parsed
 //! address. A separate process keeps the daemon's own threads out of the
 //! pod's namespace: a thread that entered it and failed to come back would
 //! run later work in the wrong namespace.
 
 use std::fmt;
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -63,7 +60,7 @@ use crate::cni::exec;
 use crate::names;
 
 /// How long one `ip` command may take before it is killed.
-pub(super) const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where `nsenter` and `ip` are looked for.
 const SEARCH_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
@@ -72,11 +69,11 @@ const SEARCH_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 const MAX_STDERR: usize = 400;
 
 /// multus's meaning when more than one gateway of a family is requested.
-pub(super) const ECMP_MESSAGE: &str = "multus does not support ECMP for default-route";
+pub const ECMP_MESSAGE: &str = "multus does not support ECMP for default-route";
 
 /// One network's part in the default-route handling.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Marks {
+pub struct Marks {
     /// Its default IPv4 routes are removed (another network owns IPv4's,
     /// its own element says `[]`, or it owns IPv4's and they are replaced).
     pub filter_v4: bool,
@@ -88,7 +85,7 @@ pub(super) struct Marks {
 
 /// More than one gateway of a family was requested.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Ecmp {
+pub struct Ecmp {
     pub v4: usize,
     pub v6: usize,
 }
@@ -109,7 +106,7 @@ impl std::error::Error for Ecmp {}
 /// The marks of each network, in order, from each one's `default-route`
 /// (`None`: the element has no such key, or the network has no element).
 /// `Ok(None)`: no key anywhere, so no routes are touched.
-pub(super) fn plan(requests: &[Option<&[IpAddr]>]) -> Result<Option<Vec<Marks>>, Ecmp> {
+pub fn plan(requests: &[Option<&[IpAddr]>]) -> Result<Option<Vec<Marks>>, Ecmp> {
     if requests.iter().all(Option::is_none) {
         return Ok(None);
     }
@@ -137,7 +134,7 @@ pub(super) fn plan(requests: &[Option<&[IpAddr]>]) -> Result<Option<Vec<Marks>>,
 
 /// One route change in the pod's namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Action {
+pub enum Action {
     /// Remove the default routes of the marked families via the interface.
     Clear { ifname: String, v4: bool, v6: bool },
     /// Add a default route via `gateway` on the interface.
@@ -146,7 +143,7 @@ pub(super) enum Action {
 
 /// Whether a network's result shows interfaces or IPs (any result
 /// version): only such networks have their routes changed, as in multus.
-pub(super) fn shows_attachment(result: &Value) -> bool {
+pub fn shows_attachment(result: &Value) -> bool {
     let non_empty = |k: &str| result[k].as_array().is_some_and(|a| !a.is_empty());
     non_empty("interfaces")
         || non_empty("ips")
@@ -157,9 +154,7 @@ pub(super) fn shows_attachment(result: &Value) -> bool {
 /// The changes for networks `(marks, ifname, shows_attachment)` in order:
 /// first every affected interface's default routes are removed, then the
 /// requested ones are added.
-pub(super) fn actions<'a>(
-    networks: impl IntoIterator<Item = (&'a Marks, &'a str, bool)>,
-) -> Vec<Action> {
+pub fn actions<'a>(networks: impl IntoIterator<Item = (&'a Marks, &'a str, bool)>) -> Vec<Action> {
     let mut clear = Vec::new();
     let mut add = Vec::new();
     for (marks, ifname, attached) in networks {
@@ -184,7 +179,7 @@ pub(super) fn actions<'a>(
 
 /// A route change that failed.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum RouteError {
+pub enum RouteError {
     #[error("interface {ifname:?}: {why}")]
     BadIfname { ifname: String, why: String },
     #[error("removing the default routes of interface {ifname} in {netns}: {why}")]
@@ -200,32 +195,13 @@ pub(super) enum RouteError {
         netns: String,
         why: String,
     },
-    #[error("the route changes in {netns} did not finish: {why}")]
-    Task { netns: String, why: String },
 }
 
 /// Makes `actions` in the namespace at `netns`, in order, stopping at the
-/// first failure. Each command runs on the blocking pool and is killed
-/// after `timeout`.
-pub(super) async fn apply(
-    netns: &str,
-    actions: Vec<Action>,
-    timeout: Duration,
-) -> Result<(), RouteError> {
-    if actions.is_empty() {
-        return Ok(());
-    }
-    let path = netns.to_string();
-    tokio::task::spawn_blocking(move || apply_blocking(&path, &actions, timeout))
-        .await
-        .map_err(|e| RouteError::Task {
-            netns: netns.to_string(),
-            why: e.to_string(),
-        })?
-}
-
-fn apply_blocking(netns: &str, actions: &[Action], timeout: Duration) -> Result<(), RouteError> {
-    for action in actions {
+/// first failure. Each command runs as a plugin does (see
+/// [`exec::run_command`]) and is killed with its group after `timeout`.
+pub async fn apply(netns: &str, actions: Vec<Action>, timeout: Duration) -> Result<(), RouteError> {
+    for action in &actions {
         let ifname = match action {
             Action::Clear { ifname, .. } | Action::Add { ifname, .. } => ifname,
         };
@@ -233,12 +209,14 @@ fn apply_blocking(netns: &str, actions: &[Action], timeout: Duration) -> Result<
             ifname: ifname.clone(),
             why: e.to_string(),
         })?;
+    }
+    for action in &actions {
         match action {
             Action::Clear { ifname, v4, v6 } => {
                 let families = [("-4", "0.0.0.0/0", *v4), ("-6", "::/0", *v6)];
                 for (family, all, _) in families.into_iter().filter(|f| f.2) {
                     let args = [family, "route", "flush", "dev", ifname, "exact", all];
-                    match ip(netns, &args, timeout) {
+                    match ip(netns, &args, timeout).await {
                         Ok(()) => {}
                         // A kernel without IPv6 has no IPv6 routes.
                         Err(why) if family == "-6" && why.contains("family not supported") => {}
@@ -256,7 +234,7 @@ fn apply_blocking(netns: &str, actions: &[Action], timeout: Duration) -> Result<
                 let family = if gateway.is_ipv4() { "-4" } else { "-6" };
                 let gw = gateway.to_string();
                 let args = [family, "route", "add", "default", "via", &gw, "dev", ifname];
-                match ip(netns, &args, timeout) {
+                match ip(netns, &args, timeout).await {
                     Ok(()) => {}
                     // As multus: a route that is already there is fine.
                     Err(why) if why.contains("File exists") => {}
@@ -276,64 +254,42 @@ fn apply_blocking(netns: &str, actions: &[Action], timeout: Duration) -> Result<
 }
 
 /// Runs `ip ARGS` inside the network namespace at `netns` through
-/// `nsenter`, in a process group of its own with a clean environment;
-/// kills it after `timeout`. Err: what went wrong, with its stderr.
-/// Blocking.
-fn ip(netns: &str, args: &[&str], timeout: Duration) -> Result<(), String> {
+/// `nsenter`; kills it after `timeout`. Err: what went wrong, with its
+/// stderr.
+async fn ip(netns: &str, args: &[&str], timeout: Duration) -> Result<(), String> {
     let mut cmd = Command::new("nsenter");
     cmd.arg(format!("--net={netns}"))
         .arg("--")
         .arg("ip")
         .args(args);
     let shown = format!("nsenter --net={netns} -- ip {}", args.join(" "));
-    run_bounded(cmd, &shown, timeout)
+    run_bounded(cmd, &shown, timeout).await
 }
 
-/// Runs `cmd` (shown as `shown` in errors) with a clean environment, `/`
-/// as its directory, no stdin or stdout, in a process group of its own;
-/// kills the group after `timeout`. Err: what went wrong, with its stderr.
-/// Blocking.
-fn run_bounded(mut cmd: Command, shown: &str, timeout: Duration) -> Result<(), String> {
-    // stderr goes to an anonymous file, not a pipe: a chatty command can
-    // never block on a full pipe while it is being waited for.
-    let mut stderr = memfd().map_err(|e| format!("cannot make a file for stderr: {e}"))?;
-    let for_child = stderr
-        .try_clone()
-        .map_err(|e| format!("cannot make a file for stderr: {e}"))?;
-    cmd.env_clear()
-        .env("PATH", SEARCH_PATH)
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(for_child))
-        .process_group(0);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot run `{shown}`: {e}"))?;
-    let exited = wait_exit(child.id(), timeout);
-    if !exited {
-        // The child is not reaped yet, so its pid (and group id) cannot
-        // have been reused.
-        exec::kill_group(child.id());
-        let _ = child.kill();
-    }
-    let status = child
-        .wait()
-        .map_err(|e| format!("cannot wait for `{shown}`: {e}"))?;
-    if !exited {
+/// Runs `cmd` (shown as `shown` in errors) with a clean environment and
+/// `/` as its directory, in a process group of its own that is killed
+/// after `timeout`. Err: what went wrong, with its stderr.
+async fn run_bounded(mut cmd: Command, shown: &str, timeout: Duration) -> Result<(), String> {
+    cmd.env_clear().env("PATH", SEARCH_PATH).current_dir("/");
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let finished = exec::run_command(cmd, &program, timeout)
+        .await
+        .map_err(|e| match e {
+            exec::Error::Spawn { source, .. } => format!("cannot run `{shown}`: {source}"),
+            e => format!("cannot run `{shown}`: {e}"),
+        })?;
+    if finished.timed_out {
         return Err(format!(
             "`{shown}` did not finish within {} s and was killed",
             timeout.as_secs_f64()
         ));
     }
-    if status.success() {
-        return Ok(());
-    }
-    let mut text = String::new();
-    let _ = stderr.seek(SeekFrom::Start(0));
-    let _ = (&mut stderr)
-        .take(MAX_STDERR as u64 * 4)
-        .read_to_string(&mut text);
+    let status = match finished.status {
+        Some(s) if s.success() => return Ok(()),
+        Some(s) => s.to_string(),
+        None => "its exit status is unknown".to_string(),
+    };
+    let text = String::from_utf8_lossy(&finished.stderr);
     let mut text = text.trim().replace('\n', "; ");
     if text.len() > MAX_STDERR {
         let mut end = MAX_STDERR;
@@ -346,71 +302,10 @@ fn run_bounded(mut cmd: Command, shown: &str, timeout: Duration) -> Result<(), S
     Err(format!("`{shown}` failed ({status}): {text}"))
 }
 
-/// An anonymous in-memory file.
-fn memfd() -> std::io::Result<File> {
-    // SAFETY: memfd_create(2) with a valid C string and flags; it returns a
-    // new fd or -1.
-    let fd = unsafe { libc::memfd_create(c"plexus-ip-stderr".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a new descriptor that nothing else owns.
-    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
-}
-
-/// Waits until our unreaped child `pid` has exited, at most `timeout`,
-/// without reaping it: on a pidfd, or (kernels before 5.3) by checking
-/// with waitid(WNOWAIT) every few milliseconds. True when it exited.
-fn wait_exit(pid: u32, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    if let Some(fd) = exec::pidfd_open(pid) {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
-            let mut p = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: poll(2) on one valid pollfd.
-            let n = unsafe { libc::poll(&mut p, 1, ms) };
-            if n > 0 {
-                return true;
-            }
-            if n == 0 {
-                return false;
-            }
-            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                break;
-            }
-        }
-    }
-    loop {
-        // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waitid(2) on our own child with a valid pointer.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
-            )
-        };
-        // SAFETY: si_pid is valid to read after waitid filled the struct.
-        if r != 0 || unsafe { info.si_pid() } != 0 {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     fn ips(list: &[&str]) -> Vec<IpAddr> {
         list.iter().map(|s| s.parse().unwrap()).collect()
@@ -503,14 +398,16 @@ mod tests {
         assert!(!shows_attachment(&serde_json::json!({"dns": {}})));
     }
 
-    #[test]
-    fn a_command_past_its_deadline_should_be_killed_with_its_group() {
+    #[tokio::test]
+    async fn a_command_past_its_deadline_should_be_killed_with_its_group() {
         // A shell and its background child: both are in the killed group.
         let marker = format!("60.{}", std::process::id());
         let mut cmd = Command::new("sh");
         cmd.args(["-c", &format!("sleep {marker} & sleep {marker}; true")]);
         let started = Instant::now();
-        let e = run_bounded(cmd, "sh", Duration::from_millis(300)).unwrap_err();
+        let e = run_bounded(cmd, "sh", Duration::from_millis(300))
+            .await
+            .unwrap_err();
         let took = started.elapsed();
         assert!(e.contains("did not finish within 0.3 s"), "{e}");
         let wanted = format!("sleep\0{marker}\0");
@@ -535,42 +432,44 @@ mod tests {
         assert!(took < Duration::from_secs(5), "took {took:?}");
     }
 
-    #[test]
-    fn a_failing_command_should_report_its_stderr() {
+    #[tokio::test]
+    async fn a_failing_command_should_report_its_stderr() {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "echo first >&2; echo second >&2; exit 3"]);
-        let e = run_bounded(cmd, "sh", COMMAND_TIMEOUT).unwrap_err();
+        let e = run_bounded(cmd, "sh", COMMAND_TIMEOUT).await.unwrap_err();
         assert!(
             e.contains("exit status: 3") && e.contains("first; second"),
             "{e}"
         );
     }
 
-    #[test]
-    fn a_bad_ifname_should_be_refused_before_anything_runs() {
-        let e = apply_blocking(
+    #[tokio::test]
+    async fn a_bad_ifname_should_be_refused_before_anything_runs() {
+        let e = apply(
             "/nonexistent",
-            &[Action::Clear {
+            vec![Action::Clear {
                 ifname: "a b".into(),
                 v4: true,
                 v6: true,
             }],
             COMMAND_TIMEOUT,
         )
+        .await
         .unwrap_err();
         assert!(matches!(e, RouteError::BadIfname { .. }), "{e}");
     }
 
-    #[test]
-    fn a_failed_command_should_name_the_interface_and_the_gateway() {
-        let e = apply_blocking(
+    #[tokio::test]
+    async fn a_failed_command_should_name_the_interface_and_the_gateway() {
+        let e = apply(
             "/nonexistent/netns",
-            &[Action::Add {
+            vec![Action::Add {
                 ifname: "net1".into(),
                 gateway: "10.1.1.1".parse().unwrap(),
             }],
             COMMAND_TIMEOUT,
         )
+        .await
         .unwrap_err()
         .to_string();
         assert!(

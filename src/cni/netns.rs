@@ -188,9 +188,10 @@ fn is_gone(e: &io::Error) -> bool {
 fn statfs_type(path: &Path) -> io::Result<i64> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path holds a NUL byte"))?;
-    // SAFETY: statfs(2) writes into a zeroed struct we own; `c` is a valid
-    // NUL-terminated string for the duration of the call.
+    // SAFETY: a zeroed statfs is a valid value of this plain C struct.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs(2) writes into a struct we own; `c` is a valid
+    // NUL-terminated string for the duration of the call.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -199,8 +200,9 @@ fn statfs_type(path: &Path) -> io::Result<i64> {
 }
 
 fn fstatfs_type(file: &File) -> io::Result<i64> {
-    // SAFETY: fstatfs(2) on a descriptor `file` owns, into a zeroed struct.
+    // SAFETY: a zeroed statfs is a valid value of this plain C struct.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs(2) on a descriptor `file` owns, into a struct we own.
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }

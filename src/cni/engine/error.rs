@@ -4,7 +4,6 @@
 
 use std::fmt;
 
-use super::multus_cache;
 use crate::api::{code, Command};
 use crate::cni::{exec, state};
 use crate::netconf;
@@ -53,11 +52,9 @@ impl Error {
         )
     }
 
-    pub(super) fn record(e: state::Error) -> Self {
-        Self::new(ErrorKind::Internal, code::IO_FAILURE, e.to_string())
-    }
-
-    pub(super) fn multus(e: multus_cache::Error) -> Self {
+    /// A file of the state (or of multus's caches) that could not be read
+    /// or written.
+    pub(super) fn state(e: state::Error) -> Self {
         Self::new(ErrorKind::Internal, code::IO_FAILURE, e.to_string())
     }
 

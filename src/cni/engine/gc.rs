@@ -33,7 +33,7 @@ impl Engine {
         let store = self.store.clone();
         let ids = blocking(move || store.list())
             .await?
-            .map_err(Error::record)?;
+            .map_err(Error::state)?;
         let mut errors = Vec::new();
         // Stale attachments whose DEL failed: the plugins' GC may free them.
         let mut failed = BTreeSet::new();
@@ -165,7 +165,7 @@ impl Engine {
         let _gc_file = match blocking(move || locks.gc_exclusive()).await {
             Ok(Ok(h)) => h,
             Ok(Err(e)) => {
-                errors.push(Error::record(e));
+                errors.push(Error::state(e));
                 return errors;
             }
             Err(e) => {
@@ -177,14 +177,14 @@ impl Engine {
         let multus = self.multus.clone();
         let records = blocking(move || -> Result<_, Error> {
             let mut out = Vec::new();
-            for id in store.list().map_err(Error::record)? {
+            for id in store.list().map_err(Error::state)? {
                 // A damaged record names nothing that could be kept.
                 if let Ok(Some(r)) = store.load(&id) {
                     out.push(r);
                 }
             }
             // Not one cache may be missed: a plugin frees what is not listed.
-            let cached = multus.results().map_err(Error::multus)?;
+            let cached = multus.results().map_err(Error::state)?;
             Ok((out, cached))
         })
         .await;

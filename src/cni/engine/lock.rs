@@ -247,10 +247,10 @@ impl Engine {
                 if let Some((command, path)) = &netns {
                     check_netns_now(*command, path)?;
                 }
-                let gc_file = locks.gc_shared().map_err(Error::record)?;
-                let file = locks.lock(&cid).map_err(Error::record)?;
-                let stale = markers.of(&cid, &file).map_err(Error::record)?;
-                let loaded = load_now(store.as_ref(), &cid).map_err(Error::record)?;
+                let gc_file = locks.gc_shared().map_err(Error::state)?;
+                let file = locks.lock(&cid).map_err(Error::state)?;
+                let stale = markers.of(&cid, &file).map_err(Error::state)?;
+                let loaded = load_now(store.as_ref(), &cid).map_err(Error::state)?;
                 // A DEL runs the plugins of what is recorded.
                 let recorded = match (&loaded, for_del) {
                     ((Some(r), _), true) => recorded_types(r),
@@ -338,7 +338,7 @@ impl Engine {
         self.unlock_after(id, lock, move || {
             store
                 .save(&record, Durability::Atomic)
-                .map_err(Error::record)
+                .map_err(Error::state)
         })
         .await
     }
@@ -441,6 +441,6 @@ impl Engine {
         let record = record.clone();
         blocking(move || store.save(&record, durability))
             .await?
-            .map_err(Error::record)
+            .map_err(Error::state)
     }
 }

@@ -225,7 +225,7 @@ impl Engine {
         metrics: Option<Arc<Metrics>>,
         kill_group: KillGroup,
     ) -> Result<Self, Error> {
-        let store = Store::open(&config.state_dir).map_err(Error::record)?;
+        let store = Store::open(&config.state_dir).map_err(Error::state)?;
         let markers = Arc::new(Markers::new());
         let runner = Runner::new(config.bin_dirs.clone(), config.plugin_timeout, metrics)
             .with_journal(markers.clone());
@@ -265,7 +265,7 @@ impl Engine {
         markers: Arc<Markers>,
         kill_group: KillGroup,
     ) -> Result<Self, Error> {
-        let locks = Locks::open(&config.state_dir).map_err(Error::record)?;
+        let locks = Locks::open(&config.state_dir).map_err(Error::state)?;
         let engine = Self {
             runner,
             store,
@@ -340,7 +340,7 @@ impl Engine {
         match blocking(move || store.load(&cid)).await? {
             Ok(record) => Ok(record.as_ref().map(show::summary)),
             Err(e) if e.is_damaged() => Ok(Some(show::damaged_summary(container_id, &e))),
-            Err(e) => Err(Error::record(e)),
+            Err(e) => Err(Error::state(e)),
         }
     }
 }

@@ -502,7 +502,7 @@ fn set_aside(
         }
         other => other,
     }
-    .map_err(super::Error::record)?;
+    .map_err(super::Error::state)?;
     tracing::error!(container_id, cause = %e, moved_to = %moved.display(), "damaged multus cache moved aside");
     Ok(moved)
 }
@@ -521,7 +521,7 @@ impl Engine {
                 set_aside(&state_dir, &caches, &cid, &e)?;
                 Ok(Multus::SetAside)
             }
-            Err(e) => Err(super::Error::multus(e)),
+            Err(e) => Err(super::Error::state(e)),
         })
         .await?
     }
@@ -543,7 +543,7 @@ impl Engine {
                 set_aside(&state_dir, &caches, &cid, &e)?;
                 Ok(None)
             }
-            Err(e) => Err(super::Error::multus(e)),
+            Err(e) => Err(super::Error::state(e)),
         })
         .await?
     }
@@ -552,7 +552,7 @@ impl Engine {
         let caches = self.multus.clone();
         blocking(move || caches.remove(&path))
             .await?
-            .map_err(super::Error::multus)
+            .map_err(super::Error::state)
     }
 
     /// DEL of a container multus attached, as multus's DEL: every delegate
@@ -689,7 +689,7 @@ impl Engine {
         .await;
         let (ids, results) = match listed {
             Ok(Ok(l)) => l,
-            Ok(Err(e)) => return vec![super::Error::multus(e)],
+            Ok(Err(e)) => return vec![super::Error::state(e)],
             Err(e) => return vec![e],
         };
         // A container is valid as a whole: multus's delegates all hang on

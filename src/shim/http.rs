@@ -114,9 +114,7 @@ fn read_body(
             return Ok(chunks.body);
         }
         if buf.len() > MAX_RESPONSE_BODY_BYTES {
-            return Err(Error::Garbage(format!(
-                "the response body is longer than {MAX_RESPONSE_BODY_BYTES} bytes"
-            )));
+            return Err(Error::Garbage(body_too_long()));
         }
         if fill(stream, &mut buf, deadline)? == 0 {
             return match framing {
@@ -213,11 +211,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, u16, String, Framing)>, Error
     }
     let framing = match (chunked, length) {
         (true, _) => Framing::Chunked,
-        (false, Some(n)) if n > MAX_RESPONSE_BODY_BYTES => {
-            return Err(garbage(format!(
-                "the response body is longer than {MAX_RESPONSE_BODY_BYTES} bytes"
-            )))
-        }
+        (false, Some(n)) if n > MAX_RESPONSE_BODY_BYTES => return Err(garbage(body_too_long())),
         (false, Some(n)) => Framing::Length(n),
         (false, None) => Framing::UntilClose,
     };
@@ -263,12 +257,10 @@ impl Dechunker {
                     Ok(httparse::Status::Complete((n, size))) => {
                         let size = usize::try_from(size)
                             .ok()
-                            .filter(|s| self.body.len().saturating_add(*s) <= MAX_RESPONSE_BODY_BYTES)
-                            .ok_or_else(|| {
-                                format!(
-                                    "the response body is longer than {MAX_RESPONSE_BODY_BYTES} bytes"
-                                )
-                            })?;
+                            .filter(|s| {
+                                self.body.len().saturating_add(*s) <= MAX_RESPONSE_BODY_BYTES
+                            })
+                            .ok_or_else(body_too_long)?;
                         at += n;
                         self.state = ChunkState::Data(size);
                     }
@@ -313,6 +305,11 @@ impl Dechunker {
         buf.drain(..at);
         Ok(done)
     }
+}
+
+/// Why a body over [`MAX_RESPONSE_BODY_BYTES`] is refused.
+fn body_too_long() -> String {
+    format!("the response body is longer than {MAX_RESPONSE_BODY_BYTES} bytes")
 }
 
 /// The start of some bytes, for messages.

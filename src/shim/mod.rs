@@ -8,10 +8,9 @@
 //! base64 (through [`api`](crate::api)), [`result`](crate::result) and the
 //! std-only [`duration`](crate::duration) parser, with a blocking
 //! [`UnixStream`](std::os::unix::net::UnixStream) and a small HTTP/1.1
-//! client. No
-//! async runtime, no logging framework. Everything after the pre-checks is
-//! bounded by the overall deadline (`timeout`), including a `connect` that
-//! waits for room in a full listen backlog.
+//! client. No async runtime, no logging framework. Everything after the
+//! pre-checks is bounded by the overall deadline (`timeout`), including a
+//! `connect` that waits for room in a full listen backlog.
 //!
 //! Only VERSION is answered locally. Every failure, DEL included, is CNI
 //! error JSON on stdout and a non-zero exit: a DEL that did not reach the

@@ -15,46 +15,62 @@
 //!   activation  listener from systemd (LISTEN_FDS) or a safe self-bind
 //!   server      accept loop, HTTP, routes, read timeouts, graceful drain
 //!   limit       open-connection cap and CNI admission (limit + FIFO queue)
-//!   handler     wire request -> validated call -> networks -> engine -> answer
+//!   handler     joins the others: wire request -> validated call -> planned
+//!               networks -> engine -> answer (and network-status for pods)
 //!   k8s         this node's pods and the NetworkAttachmentDefinitions (watch
-//!               caches), the pod a call names, the network-status write
+//!               caches), the kubelet's devices, the network-status write;
+//!               implements selection's lookup trait for pods
 //!   selection   which networks a container gets, in which order, ifnames:
 //!               static config, pod annotations, NADs -> network configs
-//!   cni         plugin chains per the CNI spec (engine), attachment records
+//!               (a pod's plan behind a lookup trait, no Kubernetes client)
+//!   cni         the engine (one file per operation), the records in
+//!               stateDir, the plugin process runner, default-route changes
 //!
-//! beside the path:
-//!   shim        the CNI plugin: environment + stdin -> request -> CNI answer
-//!   api         wire types, command names, CNI error codes (shared with the shim)
+//! shared by several layers (leaves):
+//!   netconf     network configuration lists and the call, with their rules
+//!   device_info device-info files: paths, copying, decoding
 //!   names       the spec's rules for container, network and interface names
 //!   result      CNI result versions and conversions
+//!   api         wire types, command names, CNI error codes (shared with the shim)
+//!   json        a JSON value's kind, for messages
 //!   duration    "10s"-style durations
+//!
+//! beside the path:
+//!   shim        the CNI plugin: config, CNI front end, client, HTTP reader
 //!   config      daemon-config.json -> validated per-module configs
 //!   cli         plexusd's command line
 //!   autoconf    `plexusd generate-config`: the runtime's CNI config for the shim
 //!   logging     log level, file and stderr
 //!   notify      sd_notify READY / STATUS / STOPPING / WATCHDOG
+//!   readiness_file  the file that says plexusd is ready, for runtimes that look
 //!   metrics     Prometheus registry and typed handles
 //!   trust       paths the daemon writes must be out of other users' reach
 //!   daemon      composition root and lifecycle (the only module wiring others)
 //! ```
 //!
-//! Dependency direction:
+//! Dependency direction (every `crate::` import; nothing else):
 //!
-//! - Along the path, a module calls only modules after it. The one
-//!   reference back is by design: `server` calls the handler through its own
-//!   [`server::Handler`] trait, so `handler` uses `server` for that trait and
-//!   its reply types while `server` knows nothing of `handler`, the engine or
-//!   systemd. `k8s` uses `result` and `duration`; `selection` uses `names`
-//!   and the engine's configuration types (`cni::types`, what a selected
-//!   network turns into); `cni` uses none of the modules before it.
-//! - `api`, `duration`, `logging`, `metrics`, `names`, `notify` and `trust`
-//!   depend on no other module; `result` only on `api` (the one table of CNI
-//!   error codes, which `cni`, `result`, `server` and `shim` share).
-//! - `autoconf` (the `generate-config` command) uses `result` and `trust`
-//!   only; the daemon never calls it.
-//! - `config` builds each module's settings from the file and depends on no
-//!   lifecycle module (`daemon`, `handler`, `notify`); `cli` only on
-//!   `config`.
+//! - Leaves: `api`, `device_info`, `duration`, `json`, `logging`,
+//!   `metrics`, `names`, `notify` and `trust` use no other module; `result`
+//!   uses `api`; `netconf` uses `api`, `names` and `result`;
+//!   `readiness_file` uses `duration`.
+//! - Along the path, a module uses only modules after it and the leaves.
+//!   `cni` uses the leaves only. `selection` uses `netconf`, `names`,
+//!   `device_info` and `json`: it never reaches into `cni`, `k8s` or
+//!   `config`. `k8s` uses `selection` (to implement its lookup trait),
+//!   `device_info`, `duration` and `result`. `limit` uses `duration` and
+//!   `metrics`.
+//! - The one reference back is by design: `server` calls the handler
+//!   through its own [`server::Handler`] trait, so `handler` uses `server`
+//!   for that trait and its reply types while `server` (which uses `api`,
+//!   `limit`, `duration` and `metrics`) knows nothing of `handler`, the
+//!   engine or systemd. `handler` uses `server`, `k8s`, `selection`, `cni`
+//!   and the leaves, and `readiness_file`.
+//! - `activation` uses `api` and `trust`; `autoconf` (the `generate-config`
+//!   command) uses `result` and `trust`; the daemon never calls it.
+//! - `config` builds each module's settings from the file: it uses the
+//!   modules whose `Config` it fills and no lifecycle module (`daemon`,
+//!   `handler`, `notify`); `cli` uses only `config`.
 //! - Only `daemon` wires modules together, and only the `plexusd` binary
 //!   uses `daemon`.
 //! - `shim` uses `api`, `result` and `duration` only (std-only modules, so

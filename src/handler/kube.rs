@@ -17,7 +17,7 @@ use crate::k8s::devices::{DeviceError, Devices};
 use crate::k8s::{self, status, PodInfo, PodRef};
 use crate::netconf::{self, Invocation, NetworkList};
 use crate::result;
-use crate::selection::{self, multus, nad};
+use crate::selection::{self, annotation, nad, runtime_config};
 use crate::server::{Failure, FailureKind, Reply};
 
 /// One network of a pod's ADD: how the engine runs it, the name
@@ -246,13 +246,13 @@ impl Networks {
                 .join(";")
         };
         let annotation = |key: &str| pod.annotations.get(key).map(String::as_str);
-        let requested = multus::parse_networks_annotation(
-            annotation(multus::NETWORKS_ANNOTATION),
+        let requested = annotation::parse_networks_annotation(
+            annotation(annotation::NETWORKS_ANNOTATION),
             &pod.namespace,
         )
         .map_err(|e| bad_config(format!("pod {}/{}: {e}", pod.namespace, pod.name)))?;
-        let default_network = multus::parse_default_network_annotation(
-            annotation(multus::DEFAULT_NETWORK_ANNOTATION),
+        let default_network = annotation::parse_default_network_annotation(
+            annotation(annotation::DEFAULT_NETWORK_ANNOTATION),
             &cfg.multus_namespace,
         )
         .map_err(|e| bad_config(format!("pod {}/{}: {e}", pod.namespace, pod.name)))?;
@@ -260,8 +260,10 @@ impl Networks {
         if cfg.system_namespaces.contains(&pod.namespace) {
             for_pod.default_networks.clear();
         }
-        let elements: Vec<selection::Element> =
-            requested.iter().map(multus::Selection::element).collect();
+        let elements: Vec<selection::Element> = requested
+            .iter()
+            .map(annotation::Selection::element)
+            .collect();
         let selected = selection::select(&for_pod, &inv.ifname, &elements)
             .map_err(|e| bad_config(e.to_string()))?;
         // clusterNetwork and defaultNetworks, or the delegates.
@@ -305,12 +307,12 @@ impl Networks {
                 .map_err(|e| bad_config(e.to_string()))?;
                 let n = self.nad_network(k, cfg, sel, &mut devices).await?;
                 let mut planned = Planned::new(n.list, s.ifname, false);
-                planned.cni_args = Some(args_for(multus::legacy_cni_args(sel)));
-                let rc = multus::runtime_config(
+                planned.cni_args = Some(args_for(runtime_config::legacy_cni_args(sel)));
+                let rc = runtime_config::runtime_config(
                     sel,
                     cap_args,
-                    multus::RuntimeInherit::Multus,
-                    &multus::AttachmentFacts {
+                    runtime_config::RuntimeInherit::Multus,
+                    &runtime_config::AttachmentFacts {
                         container_id: &inv.container_id,
                         ifname: &planned.ifname,
                         allocated_device: n.device.as_ref().map(|(_, id)| id.as_str()),
@@ -345,7 +347,7 @@ impl Networks {
         &self,
         k: &Kubernetes,
         cfg: &selection::Config,
-        sel: &multus::Selection,
+        sel: &annotation::Selection,
         devices: &mut PodDevices<'_>,
     ) -> Result<NadNetwork, Failure> {
         let Some(found) = k.source.nad(&sel.namespace, &sel.name) else {
@@ -410,7 +412,7 @@ impl Networks {
         let name = &selected.network;
         let ns = &cfg.multus_namespace;
         if selected.inline.is_none() && !name.contains('/') && k.source.nad(ns, name).is_some() {
-            let sel = multus::Selection {
+            let sel = annotation::Selection {
                 name: name.to_string(),
                 namespace: ns.clone(),
                 ..Default::default()

@@ -12,9 +12,10 @@
 //! Kubernetes. Where the requested networks come from (a CNI_ARGS key now,
 //! pod annotations later) is the caller's business.
 
-pub mod multus;
+pub mod annotation;
 pub mod nad;
 pub mod overlay;
+pub mod runtime_config;
 
 use std::fmt;
 use std::path::PathBuf;

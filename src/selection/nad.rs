@@ -23,7 +23,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::multus::Selection;
+use super::annotation::Selection;
 use crate::json;
 use crate::netconf::{ConfigError, NetworkList};
 
@@ -488,7 +488,7 @@ mod tests {
 
     #[test]
     fn selection_elements_should_feed_the_nad_lookup() {
-        let sel = crate::selection::multus::parse_networks_annotation(
+        let sel = crate::selection::annotation::parse_networks_annotation(
             Some(r#"[{"name":"n","namespace":"other","cni-args":{"a":1}}]"#),
             "pod",
         )

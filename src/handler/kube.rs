@@ -13,7 +13,7 @@ use crate::api::code;
 use crate::cni::default_route::{self, Marks};
 use crate::cni::{self, Planned};
 use crate::device_info;
-use crate::k8s::devices::{DeviceError, Devices};
+use crate::k8s::devices::{self, Devices};
 use crate::k8s::{self, status, PodInfo, PodRef};
 use crate::netconf::{self, Invocation, NetworkList};
 use crate::result;
@@ -60,7 +60,7 @@ impl PodDevices<'_> {
                         self.pod.namespace, self.pod.name
                     );
                     match e {
-                        DeviceError::Timeout { .. } | DeviceError::Connect { .. } => {
+                        devices::Error::Timeout { .. } | devices::Error::Connect { .. } => {
                             unavailable(format!("{msg}; try again later"))
                         }
                         _ => Failure::new(FailureKind::Failed, code::INTERNAL, msg),
@@ -352,7 +352,7 @@ impl Networks {
     ) -> Result<NadNetwork, Failure> {
         let Some(found) = k.source.nad(&sel.namespace, &sel.name) else {
             return Err(bad_config(
-                nad::NadError::NotFound {
+                nad::Error::NotFound {
                     namespace: sel.namespace.clone(),
                     name: sel.name.clone(),
                     why: "no such NetworkAttachmentDefinition".into(),

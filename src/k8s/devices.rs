@@ -58,8 +58,9 @@ impl Default for DeviceSource {
     }
 }
 
+/// Why a pod's devices cannot be had from the kubelet.
 #[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
+pub enum Error {
     #[error("cannot connect to the kubelet's pod-resources socket {}", .socket.display())]
     Connect {
         socket: PathBuf,
@@ -154,11 +155,11 @@ impl DeviceSource {
         namespace: &str,
         name: &str,
         uid: &str,
-    ) -> Result<Devices, DeviceError> {
+    ) -> Result<Devices, Error> {
         if tokio::fs::metadata(&self.socket).await.is_ok() {
             let answer = tokio::time::timeout(self.timeout, self.list())
                 .await
-                .map_err(|_| DeviceError::Timeout {
+                .map_err(|_| Error::Timeout {
                     socket: self.socket.clone(),
                     after: self.timeout,
                 })??;
@@ -174,22 +175,21 @@ impl DeviceSource {
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r);
-        read.map(Devices::new)
-            .map_err(|why| DeviceError::Checkpoint {
-                file: self.checkpoint.clone(),
-                why,
-            })
+        read.map(Devices::new).map_err(|why| Error::Checkpoint {
+            file: self.checkpoint.clone(),
+            why,
+        })
     }
 
     /// One gRPC `List` call.
-    async fn list(&self) -> Result<proto::ListPodResourcesResponse, DeviceError> {
-        let api = |why: String| DeviceError::Api {
+    async fn list(&self) -> Result<proto::ListPodResourcesResponse, Error> {
+        let api = |why: String| Error::Api {
             socket: self.socket.clone(),
             why,
         };
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
-            .map_err(|source| DeviceError::Connect {
+            .map_err(|source| Error::Connect {
                 socket: self.socket.clone(),
                 source,
             })?;

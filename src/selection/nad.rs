@@ -81,7 +81,7 @@ impl NadDelegate {
 
 /// Why a NAD gives no delegate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NadError {
+pub enum Error {
     #[error(
         "cannot find a network-attachment-definition ({name}) in namespace ({namespace}): {why}"
     )]
@@ -132,14 +132,14 @@ pub fn check_namespace_isolation(
     pod_namespace: &str,
     target_namespace: &str,
     global_namespaces: &[String],
-) -> Result<(), NadError> {
+) -> Result<(), Error> {
     if !isolation
         || pod_namespace == target_namespace
         || global_namespaces.iter().any(|g| g == target_namespace)
     {
         return Ok(());
     }
-    Err(NadError::Isolation {
+    Err(Error::Isolation {
         pod_namespace: pod_namespace.to_string(),
         target_namespace: target_namespace.to_string(),
     })
@@ -157,9 +157,9 @@ pub fn delegate_from_spec(
     nad_name: &str,
     spec_config: &str,
     cni_args: Option<&Map<String, Value>>,
-) -> Result<NadDelegate, NadError> {
+) -> Result<NadDelegate, Error> {
     let display = format!("{namespace}/{nad_name}");
-    let bad = |why: String| NadError::Spec {
+    let bad = |why: String| Error::Spec {
         display: display.clone(),
         why,
     };
@@ -293,7 +293,7 @@ pub fn delegate_for_nad(
     spec_config: Option<&str>,
     cni_args: Option<&Map<String, Value>>,
     load_file: impl FnOnce(&str) -> Result<NetworkList, ConfigError>,
-) -> Result<NadDelegate, NadError> {
+) -> Result<NadDelegate, Error> {
     match spec_config {
         Some(text) if !text.is_empty() => delegate_from_spec(namespace, nad_name, text, cni_args),
         _ => {
@@ -301,18 +301,18 @@ pub fn delegate_for_nad(
             // The loader reads a name with a `/` as a path; a NAD name
             // never holds one, so such a name must not reach it.
             if nad_name.is_empty() || nad_name.contains('/') {
-                return Err(NadError::Spec {
+                return Err(Error::Spec {
                     display,
                     why: "not a NetworkAttachmentDefinition name; no confDir file is looked up"
                         .into(),
                 });
             }
-            let list = load_file(nad_name).map_err(|source| NadError::File {
+            let list = load_file(nad_name).map_err(|source| Error::File {
                 display: display.clone(),
                 source,
             })?;
             let Value::Object(config) = list.to_value() else {
-                return Err(NadError::Spec {
+                return Err(Error::Spec {
                     display,
                     why: "the file did not give a JSON object".into(),
                 });
@@ -323,8 +323,7 @@ pub fn delegate_for_nad(
                 is_list: true,
             };
             if let Some(args) = cni_args {
-                merge_cni_args(&mut delegate, args)
-                    .map_err(|why| NadError::Spec { display, why })?;
+                merge_cni_args(&mut delegate, args).map_err(|why| Error::Spec { display, why })?;
             }
             Ok(delegate)
         }
@@ -337,7 +336,7 @@ pub fn delegate_for_selection(
     sel: &Selection,
     spec_config: Option<&str>,
     load_file: impl FnOnce(&str) -> Result<NetworkList, ConfigError>,
-) -> Result<NadDelegate, NadError> {
+) -> Result<NadDelegate, Error> {
     delegate_for_nad(
         &sel.namespace,
         &sel.name,
@@ -475,12 +474,12 @@ mod tests {
             assert_eq!(list.plugins[0]["args"]["cni"]["x"], "y");
         }
         let e = delegate_for_nad("ns", "absent", None, None, load).unwrap_err();
-        assert!(matches!(e, NadError::File { .. }), "{e}");
+        assert!(matches!(e, Error::File { .. }), "{e}");
         assert!(e.to_string().contains("absent"), "{e}");
         // A name that the loader would read as a path is refused.
         for name in ["../../etc/x", "/etc/cni/net.d/10-x.conf", ""] {
             let e = delegate_for_nad("ns", name, None, None, no_file).unwrap_err();
-            assert!(matches!(e, NadError::Spec { .. }), "{e}");
+            assert!(matches!(e, Error::Spec { .. }), "{e}");
         }
         // A set spec.config never looks at files.
         delegate_for_nad("ns", "x", Some(r#"{"type":"b"}"#), None, no_file).unwrap();

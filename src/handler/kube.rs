@@ -288,7 +288,8 @@ impl Networks {
                 // in multusNamespace, else a network in confDir (or a
                 // path); or an inline delegate.
                 let n = self.configured_network(k, cfg, &s, &mut devices).await?;
-                let mut planned = Planned::new(n.list, s.ifname, s.primary);
+                let primary = s.is_primary();
+                let mut planned = Planned::new(n.list, s.ifname, primary);
                 planned.cni_args = Some(args_for(Vec::new()));
                 PodNetwork {
                     planned,

@@ -134,9 +134,8 @@ impl Selection {
         }
     }
 
-    /// What [`super::select`] orders and names. Its output keeps the
-    /// order of its input, so `selected[1 + defaults + i]` belongs to
-    /// `selections[i]`.
+    /// What [`super::select`] orders and names. The network it selects
+    /// for `selections[i]` has origin [`super::Origin::Requested`]`(i)`.
     pub fn element(&self) -> Element {
         Element {
             namespace: Some(self.namespace.clone()),

@@ -165,13 +165,12 @@ fn network(
     // As multus: the pod's keys with an empty infra container id, then
     // MAC=/IP=; without pod keys, the call's CNI_ARGS then MAC=/IP=.
     let mut pairs: Vec<(String, String)> = match pod {
-        Some(p) => vec![
-            ("IgnoreUnknown".into(), "true".into()),
-            ("K8S_POD_NAMESPACE".into(), p.namespace.clone()),
-            ("K8S_POD_NAME".into(), p.name.clone()),
-            ("K8S_POD_INFRA_CONTAINER_ID".into(), String::new()),
-            ("K8S_POD_UID".into(), p.uid.clone().unwrap_or_default()),
-        ],
+        Some(p) => runtime_config::pod_args(
+            &p.namespace,
+            &p.name,
+            "",
+            p.uid.as_deref().unwrap_or_default(),
+        ),
         // PLEXUS_NETWORKS is ours, not the plugins'.
         None => inv
             .arg_pairs
@@ -181,13 +180,7 @@ fn network(
             .collect(),
     };
     pairs.extend(legacy);
-    planned.cni_args = Some(
-        pairs
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(";"),
-    );
+    planned.cni_args = Some(runtime_config::args_text(&pairs));
     Ok(planned)
 }
 

@@ -1,8 +1,8 @@
 //! What one selected network hands its plugins, as multus builds it: the
 //! `runtimeConfig` capability arguments (the element's ips, mac,
 //! portMappings, bandwidth, device and device-info file, over the
-//! runtime's own per [`RuntimeInherit`]) and the legacy `MAC=`/`IP=`
-//! CNI_ARGS.
+//! runtime's own per [`RuntimeInherit`]) and the CNI_ARGS (the pod's
+//! keys, then the legacy `MAC=`/`IP=`).
 //!
 //! Pure functions of a parsed [`Selection`] and the call's facts
 //! ([`AttachmentFacts`]).
@@ -119,6 +119,35 @@ fn is_empty_value(v: &Value) -> bool {
         Value::Array(a) => a.is_empty(),
         _ => false,
     }
+}
+
+/// The `CNI_ARGS` multus gives every network of a pod, in its order; the
+/// runtime's other keys are not passed on.
+pub fn pod_args(
+    namespace: &str,
+    name: &str,
+    infra_container_id: &str,
+    uid: &str,
+) -> Vec<(String, String)> {
+    vec![
+        ("IgnoreUnknown".into(), "true".into()),
+        ("K8S_POD_NAMESPACE".into(), namespace.into()),
+        ("K8S_POD_NAME".into(), name.into()),
+        (
+            "K8S_POD_INFRA_CONTAINER_ID".into(),
+            infra_container_id.into(),
+        ),
+        ("K8S_POD_UID".into(), uid.into()),
+    ]
+}
+
+/// `CNI_ARGS` text: `KEY=value` pairs joined with `;`.
+pub fn args_text(pairs: &[(String, String)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(";")
 }
 
 /// The legacy CNI_ARGS multus adds for an element: `MAC=<mac>` then

@@ -9,12 +9,16 @@
 //! rejected before anything runs.
 //!
 //! Selection only decides; it does not load configurations or talk to
-//! Kubernetes. Where the requested networks come from (a CNI_ARGS key now,
-//! pod annotations later) is the caller's business.
+//! Kubernetes. The requested networks come from a CNI_ARGS key
+//! ([`take_from_args`]) or a pod's annotations ([`annotation`]); [`pod`]
+//! plans a pod's networks and asks for what it needs (NADs, the kubelet's
+//! devices, network configurations) through lookup traits, which `k8s`
+//! and the handler implement.
 
 pub mod annotation;
 pub mod nad;
 pub mod overlay;
+pub mod pod;
 pub mod runtime_config;
 
 use std::fmt;

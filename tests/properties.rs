@@ -504,7 +504,7 @@ proptest! {
             1..8,
         )
     ) {
-        use plexus::selection::multus::parse_networks_annotation;
+        use plexus::selection::annotation::parse_networks_annotation;
         let text = items
             .iter()
             .map(|(ns, name, i)| {
@@ -535,7 +535,7 @@ proptest! {
     /// what they accept is fully valid.
     #[test]
     fn annotation_json_form_never_panics(doc in json_value(), wrap in any::<bool>()) {
-        use plexus::selection::multus::{parse_default_network_annotation, parse_hardware_addr, parse_networks_annotation};
+        use plexus::selection::annotation::{parse_default_network_annotation, parse_hardware_addr, parse_networks_annotation};
         let doc = if wrap { serde_json::Value::Array(vec![doc]) } else { doc };
         let text = doc.to_string();
         if let Ok(list) = parse_networks_annotation(Some(&text), "pod-ns") {
@@ -568,7 +568,7 @@ proptest! {
         s in "\\PC{0,60}|[a-z/@, \\[\\]{}\"]{0,60}",
         repeat in 1usize..20_000,
     ) {
-        use plexus::selection::multus::{parse_networks_annotation, MAX_ANNOTATION_BYTES};
+        use plexus::selection::annotation::{parse_networks_annotation, MAX_ANNOTATION_BYTES};
         use plexus::selection::MAX_NETWORKS;
         if let Ok(list) = parse_networks_annotation(Some(&s), "ns") {
             prop_assert!(list.len() <= MAX_NETWORKS);

@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
             let static_config = selection::Config::new("cluster", vec!["extra".into()]);
             if let Ok(selected) = selection::select(&static_config, &inv.ifname, &requested) {
                 assert!(selected.len() <= selection::MAX_NETWORKS);
-                assert!(selected[0].primary && selected[0].ifname == inv.ifname);
+                assert!(selected[0].is_primary() && selected[0].ifname == inv.ifname);
                 let mut names: Vec<_> = selected.iter().map(|s| s.ifname.as_str()).collect();
                 names.sort_unstable();
                 names.dedup();

@@ -22,11 +22,12 @@ use crate::cni::{self, ErrorKind, Planned};
 use crate::k8s::PodRef;
 use crate::netconf::{self, Invalid, Invocation};
 use crate::result;
-use crate::selection::multus::{self, Problem, RuntimeInherit, Selection};
+use crate::selection::annotation::{self, Problem, Selection};
 use crate::selection::nad;
+use crate::selection::runtime_config::{self, RuntimeInherit};
 use crate::server::{Failure, FailureKind, Reply};
 
-/// The element name [`multus::parse_networks_annotation`] is given for the
+/// The element name [`annotation::parse_networks_annotation`] is given for the
 /// interface attributes, which carry no name of their own.
 const ATTRIBUTES_NAME: &str = "interface-attributes";
 
@@ -108,13 +109,15 @@ fn attributes(value: Option<&Value>) -> Result<Selection, Failure> {
     element.insert("name".into(), ATTRIBUTES_NAME.into());
     let text = Value::Array(vec![Value::Object(element)]).to_string();
     let mut parsed =
-        multus::parse_networks_annotation(Some(&text), "default").map_err(|e| match e.problem {
-            Problem::Element {
-                key: Some(key),
-                why,
-                ..
-            } => bad(format!("key {key:?}: {why}")),
-            other => bad(other.to_string()),
+        annotation::parse_networks_annotation(Some(&text), "default").map_err(|e| {
+            match e.problem {
+                Problem::Element {
+                    key: Some(key),
+                    why,
+                    ..
+                } => bad(format!("key {key:?}: {why}")),
+                other => bad(other.to_string()),
+            }
         })?;
     Ok(parsed.pop().unwrap_or_default())
 }
@@ -147,28 +150,27 @@ fn network(
         .network_list()
         .map_err(|e| bad(format!("the /delegate config: {e}")))?;
     let mut planned = Planned::new(list, inv.ifname.clone(), false);
-    planned.capability_args = Some(multus::runtime_config(
+    planned.capability_args = Some(runtime_config::runtime_config(
         attributes,
         &Map::new(),
         RuntimeInherit::Multus,
-        &multus::AttachmentFacts {
+        &runtime_config::AttachmentFacts {
             container_id: &inv.container_id,
             ifname: &inv.ifname,
             allocated_device: None,
             device_info_dir: Path::new(crate::device_info::DEFAULT_DIR),
         },
     ));
-    let legacy = multus::legacy_cni_args(attributes);
+    let legacy = runtime_config::legacy_cni_args(attributes);
     // As multus: the pod's keys with an empty infra container id, then
     // MAC=/IP=; without pod keys, the call's CNI_ARGS then MAC=/IP=.
     let mut pairs: Vec<(String, String)> = match pod {
-        Some(p) => vec![
-            ("IgnoreUnknown".into(), "true".into()),
-            ("K8S_POD_NAMESPACE".into(), p.namespace.clone()),
-            ("K8S_POD_NAME".into(), p.name.clone()),
-            ("K8S_POD_INFRA_CONTAINER_ID".into(), String::new()),
-            ("K8S_POD_UID".into(), p.uid.clone().unwrap_or_default()),
-        ],
+        Some(p) => runtime_config::pod_args(
+            &p.namespace,
+            &p.name,
+            "",
+            p.uid.as_deref().unwrap_or_default(),
+        ),
         // PLEXUS_NETWORKS is ours, not the plugins'.
         None => inv
             .arg_pairs
@@ -178,13 +180,7 @@ fn network(
             .collect(),
     };
     pairs.extend(legacy);
-    planned.cni_args = Some(
-        pairs
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(";"),
-    );
+    planned.cni_args = Some(runtime_config::args_text(&pairs));
     Ok(planned)
 }
 

@@ -13,64 +13,11 @@ use crate::api::code;
 use crate::cni::default_route::{self, Marks};
 use crate::cni::{self, Planned};
 use crate::device_info;
-use crate::k8s::devices::{DeviceError, Devices};
 use crate::k8s::{self, status, PodInfo, PodRef};
-use crate::netconf::{self, Invocation, NetworkList};
+use crate::netconf::{ConfigError, Invocation, NetworkList};
 use crate::result;
-use crate::selection::{self, multus, nad};
+use crate::selection::{self, pod};
 use crate::server::{Failure, FailureKind, Reply};
-
-/// One network of a pod's ADD: how the engine runs it, the name
-/// network-status shows and its selection element's `default-route`.
-struct PodNetwork {
-    planned: Planned,
-    display_name: String,
-    default_route: Option<Vec<IpAddr>>,
-    /// The device plugin's device-info file to copy to the network's
-    /// before its plugin runs (`dp` → `cni`).
-    copy_device_info: Option<(PathBuf, PathBuf)>,
-}
-
-/// A NAD's network as [`Networks::nad_network`] resolves it.
-struct NadNetwork {
-    list: NetworkList,
-    display_name: String,
-    /// The NAD's `resourceName` and the device it took, if any.
-    device: Option<(String, String)>,
-}
-
-/// The pod's devices (from the kubelet), asked for at most once per ADD
-/// and only when a network names a resource.
-struct PodDevices<'a> {
-    pod: &'a PodInfo,
-    devices: Option<Devices>,
-}
-
-impl PodDevices<'_> {
-    async fn take(&mut self, k: &Kubernetes, resource: &str) -> Result<Option<String>, Failure> {
-        if self.devices.is_none() {
-            let found = k
-                .source
-                .devices()
-                .pod_devices(&self.pod.namespace, &self.pod.name, &self.pod.uid)
-                .await
-                .map_err(|e| {
-                    let msg = format!(
-                        "pod {}/{}: the devices of resource {resource:?}: {e}",
-                        self.pod.namespace, self.pod.name
-                    );
-                    match e {
-                        DeviceError::Timeout { .. } | DeviceError::Connect { .. } => {
-                            unavailable(format!("{msg}; try again later"))
-                        }
-                        _ => Failure::new(FailureKind::Failed, code::INTERNAL, msg),
-                    }
-                })?;
-            self.devices = Some(found);
-        }
-        Ok(self.devices.as_mut().and_then(|d| d.take(resource)))
-    }
-}
 
 fn unavailable(msg: impl Into<String>) -> Failure {
     Failure::new(FailureKind::Unavailable, code::TRY_AGAIN_LATER, msg)
@@ -94,6 +41,47 @@ fn api_failure(pod: &PodRef, e: k8s::Error) -> Failure {
         }
         e if e.is_transient() => unavailable(format!("{msg}{chain}; try again later")),
         _ => Failure::new(FailureKind::Failed, code::INTERNAL, format!("{msg}{chain}")),
+    }
+}
+
+/// A pod's networks that cannot be planned: a kubelet that did not answer
+/// is worth a retry, one whose answer is unusable is not; a configured
+/// network keeps the engine's error; everything else is the pod's or a
+/// NAD's configuration.
+fn plan_failure(e: pod::Error<cni::Error>) -> Failure {
+    match e {
+        pod::Error::Load(e) => failure(e),
+        e if e.is_transient() => unavailable(format!("{e}; try again later")),
+        e @ pod::Error::Devices { .. } => {
+            Failure::new(FailureKind::Failed, code::INTERNAL, e.to_string())
+        }
+        e => bad_config(e.to_string()),
+    }
+}
+
+/// The engine's network configurations for one call, as pod planning asks
+/// for them: the engine owns the confDir lookups (and their cache), the
+/// call's configuration the confDir and the inline delegates.
+struct CallConfigs<'a> {
+    networks: &'a Networks,
+    cfg: &'a selection::Config,
+}
+
+impl pod::Configs for CallConfigs<'_> {
+    type Error = cni::Error;
+
+    async fn load_network(&self, name: &str) -> Result<NetworkList, ConfigError> {
+        self.networks
+            .load_network(self.cfg, name)
+            .await
+            .map_err(|e| ConfigError::File {
+                file: "confDir".into(),
+                why: e.msg,
+            })
+    }
+
+    async fn load_selected(&self, s: &selection::Selected) -> Result<NetworkList, cni::Error> {
+        self.networks.load_selected(self.cfg, s).await
     }
 }
 
@@ -134,42 +122,58 @@ impl Networks {
             }
             Err(e) => return Err(api_failure(pod_ref, e)),
         };
-        let mut networks = self
-            .pod_networks(k, cfg, inv, pod_ref, &pod, &cap_args)
-            .await?;
-        if let Some(mut aux) = self
+        let request = pod::Request {
+            pod: pod::Pod {
+                namespace: &pod.namespace,
+                name: &pod.name,
+                uid: &pod.uid,
+                annotations: &pod.annotations,
+            },
+            container_id: &inv.container_id,
+            ifname: &inv.ifname,
+            runtime_uid: pod_ref.uid.as_deref(),
+            infra_container_id: pod_ref.infra_container_id.as_deref(),
+            capability_args: &cap_args,
+            device_info_dir: k.source.device_info_dir(),
+        };
+        let configs = CallConfigs {
+            networks: self,
+            cfg,
+        };
+        let networks = pod::plan(cfg, &request, &k.source, &configs)
+            .await
+            .map_err(plan_failure)?;
+        let aux = self
             .aux_network(cfg, config, networks.len())
             .await
-            .map_err(failure)?
-        {
-            aux.cni_args = networks.first().and_then(|n| n.planned.cni_args.clone());
-            networks.push(PodNetwork {
-                display_name: aux.list.name.clone(),
-                planned: aux,
-                default_route: None,
-                copy_device_info: None,
-            });
-        }
-        // Before anything runs: an ECMP request fails the ADD.
+            .map_err(failure)?;
+        // Before anything runs: an ECMP request fails the ADD (the
+        // auxiliary chain requests no default route).
         let requests: Vec<Option<&[IpAddr]>> = networks
             .iter()
             .map(|n| n.default_route.as_deref())
+            .chain(aux.as_ref().map(|_| None))
             .collect();
         let marks = default_route::plan(&requests)
             .map_err(|e| bad_config(format!("pod {}/{}: {e}", pod_ref.namespace, pod_ref.name)))?;
-        let display: Vec<String> = networks.iter().map(|n| n.display_name.clone()).collect();
+        let mut display: Vec<String> = networks.iter().map(|n| n.display_name.clone()).collect();
         let copies: Vec<(PathBuf, PathBuf)> = networks
             .iter()
             .filter_map(|n| n.copy_device_info.clone())
             .collect();
+        let mut planned: Vec<Planned> = networks.into_iter().map(planned).collect();
+        if let Some(mut aux) = aux {
+            aux.cni_args = planned.first().and_then(|n| n.cni_args.clone());
+            display.push(aux.list.name.clone());
+            planned.push(aux);
+        }
         if !copies.is_empty() {
             copy_device_info(copies).await;
         }
-        let info_files: Vec<Option<PathBuf>> = networks
+        let info_files: Vec<Option<PathBuf>> = planned
             .iter()
-            .map(|n| device_info_file(k.source.device_info_dir(), &n.planned))
+            .map(|p| device_info_file(k.source.device_info_dir(), p))
             .collect();
-        let planned: Vec<Planned> = networks.into_iter().map(|n| n.planned).collect();
         let added = self
             .engine
             .add_networks(inv, cap_args, planned)
@@ -209,222 +213,14 @@ impl Networks {
             .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
         Ok(Reply::Result(out))
     }
+}
 
-    /// The pod's networks in multus's order: the cluster network (or the
-    /// default-network annotation's NAD in its place), defaultNetworks
-    /// (not for pods in systemNamespaces), then the networks annotation.
-    async fn pod_networks(
-        &self,
-        k: &Kubernetes,
-        cfg: &selection::Config,
-        inv: &Invocation,
-        pod_ref: &PodRef,
-        pod: &PodInfo,
-        cap_args: &Map<String, Value>,
-    ) -> Result<Vec<PodNetwork>, Failure> {
-        // The CNI_ARGS multus gives every network of a pod (the runtime's
-        // other keys are not passed on), plus an element's legacy MAC=/IP=.
-        let args_for = |legacy: Vec<(String, String)>| {
-            let mut pairs = vec![
-                ("IgnoreUnknown".to_string(), "true".to_string()),
-                ("K8S_POD_NAMESPACE".to_string(), pod_ref.namespace.clone()),
-                ("K8S_POD_NAME".to_string(), pod_ref.name.clone()),
-                (
-                    "K8S_POD_INFRA_CONTAINER_ID".to_string(),
-                    pod_ref.infra_container_id.clone().unwrap_or_default(),
-                ),
-                (
-                    "K8S_POD_UID".to_string(),
-                    pod_ref.uid.clone().unwrap_or_else(|| pod.uid.clone()),
-                ),
-            ];
-            pairs.extend(legacy);
-            pairs
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(";")
-        };
-        let annotation = |key: &str| pod.annotations.get(key).map(String::as_str);
-        let requested = multus::parse_networks_annotation(
-            annotation(multus::NETWORKS_ANNOTATION),
-            &pod.namespace,
-        )
-        .map_err(|e| bad_config(format!("pod {}/{}: {e}", pod.namespace, pod.name)))?;
-        let default_network = multus::parse_default_network_annotation(
-            annotation(multus::DEFAULT_NETWORK_ANNOTATION),
-            &cfg.multus_namespace,
-        )
-        .map_err(|e| bad_config(format!("pod {}/{}: {e}", pod.namespace, pod.name)))?;
-        let mut for_pod = cfg.clone();
-        if cfg.system_namespaces.contains(&pod.namespace) {
-            for_pod.default_networks.clear();
-        }
-        let elements: Vec<selection::Element> =
-            requested.iter().map(multus::Selection::element).collect();
-        let selected = selection::select(&for_pod, &inv.ifname, &elements)
-            .map_err(|e| bad_config(e.to_string()))?;
-        // clusterNetwork and defaultNetworks, or the delegates.
-        let configured = for_pod.configured_count();
-        let mut devices = PodDevices { pod, devices: None };
-        let info_dir = k.source.device_info_dir();
-        let mut out = Vec::with_capacity(selected.len());
-        for (i, s) in selected.into_iter().enumerate() {
-            let network = if let Some(sel) = default_network.as_ref().filter(|_| i == 0) {
-                // Replaces the cluster network; not subject to isolation.
-                let n = self.nad_network(k, cfg, sel, &mut devices).await?;
-                let mut planned = Planned::new(n.list, s.ifname, true);
-                planned.cni_args = Some(args_for(Vec::new()));
-                PodNetwork {
-                    planned,
-                    display_name: n.display_name,
-                    default_route: sel.default_route.clone(),
-                    copy_device_info: None,
-                }
-            } else if i < configured {
-                // clusterNetwork and defaultNetworks: a NAD of that name
-                // in multusNamespace, else a network in confDir (or a
-                // path); or an inline delegate.
-                let n = self.configured_network(k, cfg, &s, &mut devices).await?;
-                let mut planned = Planned::new(n.list, s.ifname, s.primary);
-                planned.cni_args = Some(args_for(Vec::new()));
-                PodNetwork {
-                    planned,
-                    display_name: n.display_name,
-                    default_route: None,
-                    copy_device_info: None,
-                }
-            } else {
-                let sel = &requested[i - configured];
-                nad::check_namespace_isolation(
-                    cfg.namespace_isolation,
-                    &pod.namespace,
-                    &sel.namespace,
-                    &cfg.global_namespaces,
-                )
-                .map_err(|e| bad_config(e.to_string()))?;
-                let n = self.nad_network(k, cfg, sel, &mut devices).await?;
-                let mut planned = Planned::new(n.list, s.ifname, false);
-                planned.cni_args = Some(args_for(multus::legacy_cni_args(sel)));
-                let rc = multus::runtime_config(
-                    sel,
-                    cap_args,
-                    multus::RuntimeInherit::Multus,
-                    &multus::AttachmentFacts {
-                        container_id: &inv.container_id,
-                        ifname: &planned.ifname,
-                        allocated_device: n.device.as_ref().map(|(_, id)| id.as_str()),
-                        device_info_dir: info_dir,
-                    },
-                );
-                // As multus: a device the resource gave has the device
-                // plugin's device-info file copied to the network's.
-                let copy_device_info = n.device.as_ref().and_then(|(resource, id)| {
-                    let to = rc.get("CNIDeviceInfoFile")?.as_str()?;
-                    Some((
-                        device_info::dp_file(info_dir, resource, id),
-                        PathBuf::from(to),
-                    ))
-                });
-                planned.capability_args = Some(rc);
-                PodNetwork {
-                    planned,
-                    display_name: n.display_name,
-                    default_route: sel.default_route.clone(),
-                    copy_device_info,
-                }
-            };
-            out.push(network);
-        }
-        Ok(out)
-    }
-
-    /// A NAD's network: its `spec.config`, or the confDir network of its
-    /// name when the spec is empty.
-    async fn nad_network(
-        &self,
-        k: &Kubernetes,
-        cfg: &selection::Config,
-        sel: &multus::Selection,
-        devices: &mut PodDevices<'_>,
-    ) -> Result<NadNetwork, Failure> {
-        let Some(found) = k.source.nad(&sel.namespace, &sel.name) else {
-            return Err(bad_config(
-                nad::NadError::NotFound {
-                    namespace: sel.namespace.clone(),
-                    name: sel.name.clone(),
-                    why: "no such NetworkAttachmentDefinition".into(),
-                }
-                .to_string(),
-            ));
-        };
-        let spec = found.config().map(str::to_string);
-        // The confDir fallback reads files: done here, asynchronously,
-        // and handed to the pure resolution.
-        let file = match &spec {
-            Some(_) => None,
-            None if !sel.name.contains('/') => Some(self.load_network(cfg, &sel.name).await),
-            None => None,
-        };
-        let delegate = nad::delegate_for_selection(sel, spec.as_deref(), move |_| match file {
-            Some(Ok(list)) => Ok(list),
-            Some(Err(e)) => Err(netconf::ConfigError::File {
-                file: "confDir".into(),
-                why: e.msg,
-            }),
-            None => Err(netconf::ConfigError::File {
-                file: "confDir".into(),
-                why: "no file was looked up".into(),
-            }),
-        })
-        .map_err(|e| bad_config(e.to_string()))?;
-        let mut delegate = delegate;
-        // As multus: each NAD naming a resource takes the pod's next
-        // device of it, in network order; none left, none given.
-        let mut device = None;
-        if let Some(resource) = found.resource_name().filter(|r| !r.is_empty()) {
-            if let Some(id) = devices.take(k, resource).await? {
-                delegate.inject_device_id(&id);
-                device = Some((resource.to_string(), id));
-            }
-        }
-        let list = delegate
-            .network_list()
-            .map_err(|e| bad_config(format!("{}: {e}", delegate.display_name)))?;
-        Ok(NadNetwork {
-            list,
-            display_name: delegate.display_name,
-            device,
-        })
-    }
-
-    /// clusterNetwork or a defaultNetworks entry: a NAD of that name in
-    /// multusNamespace, else a network name in confDir or a path.
-    async fn configured_network(
-        &self,
-        k: &Kubernetes,
-        cfg: &selection::Config,
-        selected: &selection::Selected,
-        devices: &mut PodDevices<'_>,
-    ) -> Result<NadNetwork, Failure> {
-        let name = &selected.network;
-        let ns = &cfg.multus_namespace;
-        if selected.inline.is_none() && !name.contains('/') && k.source.nad(ns, name).is_some() {
-            let sel = multus::Selection {
-                name: name.to_string(),
-                namespace: ns.clone(),
-                ..Default::default()
-            };
-            return self.nad_network(k, cfg, &sel, devices).await;
-        }
-        let list = self.load_selected(cfg, selected).await.map_err(failure)?;
-        let display_name = list.name.clone();
-        Ok(NadNetwork {
-            list,
-            display_name,
-            device: None,
-        })
-    }
+/// A planned network as the engine runs it.
+fn planned(n: pod::Network) -> Planned {
+    let mut planned = Planned::new(n.list, n.ifname, n.primary);
+    planned.cni_args = Some(n.cni_args);
+    planned.capability_args = n.capability_args;
+    planned
 }
 
 /// A network's device-info file, when its capability arguments name one

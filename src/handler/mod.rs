@@ -303,10 +303,11 @@ impl Networks {
         })?;
         let mut planned = Vec::with_capacity(selected.len());
         for s in selected {
+            let primary = s.is_primary();
             planned.push(Planned::new(
                 self.load_selected(cfg, &s).await?,
                 s.ifname,
-                s.primary,
+                primary,
             ));
         }
         if let Some(aux) = self.aux_network(cfg, config, planned.len()).await? {

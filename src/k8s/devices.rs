@@ -5,11 +5,9 @@
 //!
 //! As multus: the kubelet's pod-resources API (gRPC `List` on its unix
 //! socket, 16 MiB messages) when the socket exists, else the device
-//! manager's checkpoint file. Asked at most once per ADD, and only when a
-//! network of the pod names a resource. Each such network takes the next
-//! unused device of its resource, in network order; the device IDs of a
-//! resource are sorted first, so the same pod always gets the same
-//! assignment.
+//! manager's checkpoint file. Which network takes which device is pod
+//! planning's business (`selection::pod`), which asks here at most once
+//! per ADD, and only when a network of the pod names a resource.
 //!
 //! The gRPC call is made with hyper's HTTP/2 client and the few protobuf
 //! messages it needs, declared here (unknown fields are skipped, so newer
@@ -58,8 +56,9 @@ impl Default for DeviceSource {
     }
 }
 
+/// Why a pod's devices cannot be had from the kubelet.
 #[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
+pub enum Error {
     #[error("cannot connect to the kubelet's pod-resources socket {}", .socket.display())]
     Connect {
         socket: PathBuf,
@@ -72,6 +71,14 @@ pub enum DeviceError {
     Timeout { socket: PathBuf, after: Duration },
     #[error("cannot read the kubelet's device checkpoint {}: {why}", .file.display())]
     Checkpoint { file: PathBuf, why: String },
+}
+
+impl Error {
+    /// Worth trying again later: the kubelet did not answer in time, or
+    /// its socket took no connection (it may be restarting).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Timeout { .. } | Error::Connect { .. })
+    }
 }
 
 /// The pod-resources v1 messages Plexus reads (kubelet's
@@ -114,55 +121,25 @@ pub mod proto {
     }
 }
 
-/// A pod's devices by resource name, handed out one at a time.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Devices {
-    by_resource: BTreeMap<String, (Vec<String>, usize)>,
-}
-
-impl Devices {
-    /// From resource name → device IDs; each list is sorted.
-    pub fn new(map: BTreeMap<String, Vec<String>>) -> Self {
-        Self {
-            by_resource: map
-                .into_iter()
-                .map(|(k, mut ids)| {
-                    ids.sort();
-                    (k, (ids, 0))
-                })
-                .collect(),
-        }
-    }
-
-    /// The next unused device of `resource`; `None` when the pod has none
-    /// left (as multus, the network then runs without a device ID).
-    pub fn take(&mut self, resource: &str) -> Option<String> {
-        let (ids, next) = self.by_resource.get_mut(resource)?;
-        let id = ids.get(*next)?.clone();
-        *next += 1;
-        Some(id)
-    }
-}
-
 impl DeviceSource {
-    /// The devices of pod `namespace/name` (uid `uid`): from the
-    /// pod-resources API when its socket exists (matched by namespace and
-    /// name, as the API reports pods), else from the checkpoint (matched
-    /// by uid).
+    /// The devices of pod `namespace/name` (uid `uid`) by resource: from
+    /// the pod-resources API when its socket exists (matched by namespace
+    /// and name, as the API reports pods), else from the checkpoint
+    /// (matched by uid).
     pub async fn pod_devices(
         &self,
         namespace: &str,
         name: &str,
         uid: &str,
-    ) -> Result<Devices, DeviceError> {
+    ) -> Result<BTreeMap<String, Vec<String>>, Error> {
         if tokio::fs::metadata(&self.socket).await.is_ok() {
             let answer = tokio::time::timeout(self.timeout, self.list())
                 .await
-                .map_err(|_| DeviceError::Timeout {
+                .map_err(|_| Error::Timeout {
                     socket: self.socket.clone(),
                     after: self.timeout,
                 })??;
-            return Ok(Devices::new(from_pod_resources(&answer, namespace, name)));
+            return Ok(from_pod_resources(&answer, namespace, name));
         }
         let file = self.checkpoint.clone();
         let uid = uid.to_string();
@@ -174,22 +151,21 @@ impl DeviceSource {
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r);
-        read.map(Devices::new)
-            .map_err(|why| DeviceError::Checkpoint {
-                file: self.checkpoint.clone(),
-                why,
-            })
+        read.map_err(|why| Error::Checkpoint {
+            file: self.checkpoint.clone(),
+            why,
+        })
     }
 
     /// One gRPC `List` call.
-    async fn list(&self) -> Result<proto::ListPodResourcesResponse, DeviceError> {
-        let api = |why: String| DeviceError::Api {
+    async fn list(&self) -> Result<proto::ListPodResourcesResponse, Error> {
+        let api = |why: String| Error::Api {
             socket: self.socket.clone(),
             why,
         };
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
-            .map_err(|source| DeviceError::Connect {
+            .map_err(|source| Error::Connect {
                 socket: self.socket.clone(),
                 source,
             })?;
@@ -331,30 +307,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn devices_should_be_sorted_and_handed_out_once() {
-        let mut d = Devices::new(BTreeMap::from([(
-            "intel.com/sriov".to_string(),
-            vec!["0000:03:00.2".to_string(), "0000:03:00.1".to_string()],
-        )]));
-        assert_eq!(d.take("intel.com/sriov").as_deref(), Some("0000:03:00.1"));
-        assert_eq!(d.take("intel.com/sriov").as_deref(), Some("0000:03:00.2"));
-        assert_eq!(d.take("intel.com/sriov"), None);
-        assert_eq!(d.take("other"), None);
-    }
-
-    #[test]
     fn the_checkpoint_should_give_the_pods_devices_by_uid() {
         let text = br#"{"Data":{"PodDeviceEntries":[
             {"PodUID":"u1","ContainerName":"c","ResourceName":"r/a","DeviceIDs":{"0":["d2"],"1":["d1"]},"AllocResp":"eA=="},
             {"PodUID":"u1","ContainerName":"c2","ResourceName":"r/a","DeviceIDs":{"-1":["d3"]},"AllocResp":null},
             {"PodUID":"u2","ContainerName":"c","ResourceName":"r/a","DeviceIDs":{"0":["x"]}}
           ],"RegisteredDevices":{"r/a":["d1","d2","d3","x"]}},"Checksum":1234}"#;
-        let map = from_checkpoint(text, "u1").unwrap();
-        let mut d = Devices::new(map);
-        assert_eq!(d.take("r/a").as_deref(), Some("d1"));
-        assert_eq!(d.take("r/a").as_deref(), Some("d2"));
-        assert_eq!(d.take("r/a").as_deref(), Some("d3"));
-        assert_eq!(d.take("r/a"), None);
+        let mut map = from_checkpoint(text, "u1").unwrap();
+        // Every NUMA node's devices of the pod, whatever their order.
+        map.get_mut("r/a").unwrap().sort();
+        assert_eq!(map["r/a"], ["d1", "d2", "d3"]);
+        assert_eq!(map.len(), 1);
         assert!(
             from_checkpoint(br#"{"Data":{"PodDeviceEntries":null}}"#, "u1")
                 .unwrap()

@@ -16,6 +16,8 @@
 //!   listed once.
 //! - A pod the cache does not hold yet (a fresh pod racing the watch) costs
 //!   one GET, bounded by `requestTimeout`, never a failure for a slow cache.
+//! - Pod planning (`selection::pod`) reads the NADs and the kubelet's
+//!   devices through [`Source`]'s [`Cluster`] implementation.
 //! - Nothing here is needed for DEL: DEL runs from the attachment records.
 
 pub mod devices;
@@ -39,6 +41,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use nad::NetworkAttachmentDefinition;
 pub use pod::{Incomplete, PodRef};
+
+use crate::selection::pod::{self as planning, Cluster, DeviceIds, DevicesError, Nad};
 
 /// The pod annotation Plexus writes after an ADD.
 pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
@@ -267,11 +271,6 @@ impl Source {
         })
     }
 
-    /// Where the kubelet's device data is read.
-    pub fn devices(&self) -> &devices::DeviceSource {
-        &self.config.devices
-    }
-
     /// The device-info directory.
     pub fn device_info_dir(&self) -> &std::path::Path {
         &self.config.device_info_dir
@@ -363,6 +362,28 @@ impl Source {
             Ok(Err(e)) => Err(Error::Api(e)),
             Ok(Ok(_)) => Ok(()),
         }
+    }
+}
+
+/// Pod planning's view of the cluster: the NAD cache and the kubelet's
+/// devices, both of which this source owns.
+impl Cluster for Source {
+    fn network_attachment(&self, namespace: &str, name: &str) -> Option<Nad> {
+        self.nad(namespace, name).map(|nad| Nad {
+            config: nad.config().map(str::to_string),
+            resource_name: nad.resource_name().map(str::to_string),
+        })
+    }
+
+    async fn pod_devices(&self, pod: &planning::Pod<'_>) -> Result<DeviceIds, DevicesError> {
+        self.config
+            .devices
+            .pod_devices(pod.namespace, pod.name, pod.uid)
+            .await
+            .map_err(|e| DevicesError {
+                transient: e.is_transient(),
+                error: Box::new(e),
+            })
     }
 }
 

@@ -9,12 +9,17 @@
 //! rejected before anything runs.
 //!
 //! Selection only decides; it does not load configurations or talk to
-//! Kubernetes. Where the requested networks come from (a CNI_ARGS key now,
-//! pod annotations later) is the caller's business.
+//! Kubernetes. The requested networks come from a CNI_ARGS key
+//! ([`take_from_args`]) or a pod's annotations ([`annotation`]); [`pod`]
+//! plans a pod's networks and asks for what it needs (NADs, the kubelet's
+//! devices, network configurations) through lookup traits, which `k8s`
+//! and the handler implement.
 
-pub mod multus;
+pub mod annotation;
 pub mod nad;
 pub mod overlay;
+pub mod pod;
+pub mod runtime_config;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -227,6 +232,19 @@ pub fn delegate_name(delegates: &[Value], i: usize) -> String {
         .unwrap_or_else(|| format!("delegates[{i}]"))
 }
 
+/// Where a selected network comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The cluster network (`clusterNetwork`, or the first delegate): its
+    /// result goes back to the runtime.
+    Cluster,
+    /// A network every container gets after the cluster network: a
+    /// `defaultNetworks` entry, or a delegate after the first.
+    Default,
+    /// The requested element at this position of [`select`]'s `requested`.
+    Requested(usize),
+}
+
 /// One network to attach.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selected {
@@ -235,13 +253,17 @@ pub struct Selected {
     /// The namespace a caller qualified the name with, if any.
     pub namespace: Option<String>,
     pub ifname: String,
-    /// The cluster network: its result goes back to the runtime.
-    pub primary: bool,
+    pub origin: Origin,
     /// The position in [`Config::delegates`] of an inline network.
     pub inline: Option<usize>,
 }
 
 impl Selected {
+    /// The cluster network: its result goes back to the runtime.
+    pub fn is_primary(&self) -> bool {
+        self.origin == Origin::Cluster
+    }
+
     fn label(&self) -> String {
         match &self.namespace {
             Some(ns) => format!("network {ns}/{}", self.network),
@@ -252,7 +274,8 @@ impl Selected {
 
 /// Orders the networks of one container and names their interfaces.
 /// Without a cluster network the `delegates` take its place and that of
-/// the default networks, as in multus.
+/// the default networks, as in multus. Each network says where it came
+/// from ([`Selected::origin`]), so callers need no position arithmetic.
 pub fn select(
     config: &Config,
     runtime_ifname: &str,
@@ -273,7 +296,11 @@ pub fn select(
                 } else {
                     format!("net{i}")
                 },
-                primary: i == 0,
+                origin: if i == 0 {
+                    Origin::Cluster
+                } else {
+                    Origin::Default
+                },
                 inline: Some(i),
             });
         }
@@ -282,7 +309,7 @@ pub fn select(
             network: config.cluster_network.clone(),
             namespace: None,
             ifname: runtime_ifname.to_string(),
-            primary: true,
+            origin: Origin::Cluster,
             inline: None,
         });
         for net in &config.default_networks {
@@ -291,19 +318,19 @@ pub fn select(
                 network: net.clone(),
                 namespace: None,
                 ifname: format!("net{i}"),
-                primary: false,
+                origin: Origin::Default,
                 inline: None,
             });
         }
     }
-    for e in requested {
+    for (r, e) in requested.iter().enumerate() {
         let i = out.len();
         let ifname = e.interface.clone().unwrap_or_else(|| format!("net{i}"));
         out.push(Selected {
             network: e.name.clone(),
             namespace: e.namespace.clone(),
             ifname,
-            primary: false,
+            origin: Origin::Requested(r),
             inline: None,
         });
     }
@@ -378,7 +405,18 @@ mod tests {
         let s = select(&config, "eth0", &req).unwrap();
         let names: Vec<_> = s.iter().map(|s| s.ifname.as_str()).collect();
         assert_eq!(names, ["eth0", "net1", "net2", "fast0", "net4"]);
-        assert!(s[0].primary && !s[1].primary);
+        assert!(s[0].is_primary() && !s[1].is_primary());
+        let origins: Vec<_> = s.iter().map(|s| s.origin).collect();
+        assert_eq!(
+            origins,
+            [
+                Origin::Cluster,
+                Origin::Default,
+                Origin::Requested(0),
+                Origin::Requested(1),
+                Origin::Requested(2),
+            ]
+        );
     }
 
     #[test]
@@ -392,14 +430,14 @@ mod tests {
         let s = select(&config, "eth0", &req).unwrap();
         let got: Vec<_> = s
             .iter()
-            .map(|s| (s.network.as_str(), s.ifname.as_str(), s.primary, s.inline))
+            .map(|s| (s.network.as_str(), s.ifname.as_str(), s.origin, s.inline))
             .collect();
         assert_eq!(
             got,
             [
-                ("a", "eth0", true, Some(0)),
-                ("delegates[1]", "net1", false, Some(1)),
-                ("x", "net2", false, None),
+                ("a", "eth0", Origin::Cluster, Some(0)),
+                ("delegates[1]", "net1", Origin::Default, Some(1)),
+                ("x", "net2", Origin::Requested(0), None),
             ]
         );
         assert_eq!(config.configured_count(), 2);

@@ -201,10 +201,12 @@ fn apply(config: &mut Config, key: &str, value: &Value) -> Result<(), String> {
             config.conf_dir = Some(path);
         }
         "auxiliaryCNIChainName" => {
+            // It names a plugin directory; libcni's rule for those is the
+            // spec's rule for network names.
             let s = string(value)?;
             if s.is_empty() {
                 config.auxiliary_chain = None;
-            } else if crate::cni::confdir::is_plugin_dir_name(s) {
+            } else if crate::names::is_valid_name(s) {
                 config.auxiliary_chain = Some(s.to_string());
             } else {
                 return Err(format!("{s:?} cannot name a plugin directory"));

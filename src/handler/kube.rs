@@ -198,17 +198,7 @@ impl Networks {
                 .await
                 .map_err(|e| api_failure(pod_ref, e))?;
         }
-        let primary = added
-            .iter()
-            .find(|a| a.primary)
-            .or_else(|| added.first())
-            .ok_or_else(|| {
-                Failure::new(
-                    FailureKind::Internal,
-                    code::INTERNAL,
-                    "ADD produced no result",
-                )
-            })?;
+        let primary = cni::AddedNetwork::primary(&added).map_err(failure)?;
         let out = result::convert(&primary.result, result::LATEST)
             .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
         Ok(Reply::Result(out))

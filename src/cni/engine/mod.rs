@@ -157,13 +157,13 @@ pub struct AddedNetwork {
 
 impl AddedNetwork {
     /// The network whose result the runtime receives: the primary one,
-    /// else the first that ran.
+    /// else the first that ran. None at all is the engine's own fault.
     pub fn primary(added: &[AddedNetwork]) -> Result<&AddedNetwork, Error> {
         added
             .iter()
             .find(|a| a.primary)
             .or_else(|| added.first())
-            .ok_or_else(|| Error::new(ErrorKind::Failed, code::INTERNAL, "ADD produced no result"))
+            .ok_or_else(|| Error::new(ErrorKind::Internal, code::INTERNAL, "ADD produced no result"))
     }
 }
 

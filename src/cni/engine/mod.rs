@@ -163,7 +163,13 @@ impl AddedNetwork {
             .iter()
             .find(|a| a.primary)
             .or_else(|| added.first())
-            .ok_or_else(|| Error::new(ErrorKind::Internal, code::INTERNAL, "ADD produced no result"))
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Internal,
+                    code::INTERNAL,
+                    "ADD produced no result",
+                )
+            })
     }
 }
 

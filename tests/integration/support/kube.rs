@@ -56,8 +56,9 @@ const NADS: &str = "network-attachment-definitions";
 /// Events kept for watches; older resourceVersions get 410 Gone.
 const HISTORY: usize = 1000;
 
-/// One request the server received.
-#[derive(Debug, Clone)]
+/// One request the server received. Its `Debug` (in failure messages)
+/// shows the body as text and how long ago the request arrived.
+#[derive(Clone)]
 pub struct Logged {
     pub method: String,
     pub path: String,
@@ -73,10 +74,19 @@ impl Logged {
     pub fn is_watch(&self) -> bool {
         query_param(&self.query, "watch").is_some_and(|v| v == "true" || v == "1")
     }
+}
 
-    /// A write: anything but GET.
-    pub fn is_write(&self) -> bool {
-        self.method != "GET"
+impl std::fmt::Debug for Logged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Logged")
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("query", &self.query)
+            .field("content_type", &self.content_type)
+            .field("accept", &self.accept)
+            .field("body", &String::from_utf8_lossy(&self.body))
+            .field("age", &self.at.elapsed())
+            .finish()
     }
 }
 

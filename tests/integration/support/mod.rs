@@ -1,6 +1,5 @@
 //! Test harness shared by the integration tests (declared once, in
 //! `main.rs`; the test modules use it as `crate::support`).
-#![allow(dead_code)]
 
 pub mod cni;
 pub mod daemon;

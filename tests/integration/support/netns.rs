@@ -113,7 +113,6 @@ pub struct Iface {
     pub name: String,
     /// Administratively up (`UP` in flags).
     pub up: bool,
-    pub operstate: String,
     /// Every address as `address/prefixlen`.
     pub addrs: Vec<String>,
 }
@@ -137,7 +136,6 @@ pub fn parse_addr_json(text: &str) -> Vec<Iface> {
             up: i["flags"]
                 .as_array()
                 .is_some_and(|f| f.iter().any(|x| x == "UP")),
-            operstate: i["operstate"].as_str().unwrap_or_default().to_string(),
             addrs: i["addr_info"]
                 .as_array()
                 .map(|a| {

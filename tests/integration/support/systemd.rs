@@ -234,21 +234,6 @@ impl Manager {
         self.pid
     }
 
-    /// The unique name of this run (work dir and cgroup name).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The manager's own log so far.
-    pub fn manager_log(&self) -> String {
-        fs::read_to_string(self.work.join("manager.log")).unwrap_or_default()
-    }
-
-    /// Writes `<units>/<name>` and reloads the manager.
-    pub fn install_unit(&self, name: &str, contents: &str) {
-        self.install_units(&[(name, contents)]);
-    }
-
     /// Writes several unit files, then reloads the manager once.
     pub fn install_units(&self, units: &[(&str, &str)]) {
         for (name, contents) in units {
@@ -981,8 +966,11 @@ fn write_minimal_units(dir: &Path) {
     }
 }
 
-/// flock(2) on a file; released when dropped.
-struct Lock(File);
+/// flock(2) on a file; released when dropped (the lock lasts as long as
+/// the descriptor is open).
+struct Lock {
+    _file: File,
+}
 
 impl Lock {
     fn acquire(path: &Path) -> Lock {
@@ -997,7 +985,7 @@ impl Lock {
         let mut told = false;
         loop {
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Lock(file);
+                return Lock { _file: file };
             }
             let e = io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) {

@@ -254,6 +254,8 @@ fn bad_selections_should_fail_before_anything_runs() {
 /// this test run built (`PLEXUS_BIN_DIR`) instead of building them again.
 #[test]
 fn quick_start_should_attach_two_networks_and_leave_nothing_behind() {
+    // The script makes (and removes) host paths that other tests use.
+    let _host = crate::support::lock::host_paths();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let bin = Path::new(PLEXUSD).parent().unwrap();
     if Path::new("/run/plexus/plexus.sock").exists() {

@@ -424,6 +424,8 @@ fn real_plugins_should_work_under_the_unit_sandbox() {
         println!("skipping: no private systemd manager here");
         return;
     }
+    // Held until /var/lib/cni is as this test found it.
+    let _host = crate::support::lock::host_paths();
     let made_var_lib_cni = !Path::new("/var/lib/cni").exists();
     std::fs::create_dir_all("/var/lib/cni").unwrap();
     let bridge = Link::planned("b");

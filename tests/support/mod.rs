@@ -18,6 +18,8 @@ pub mod inproc;
 pub mod kube;
 #[path = "../integration/support/kubelet.rs"]
 pub mod kubelet;
+#[path = "../integration/support/lock.rs"]
+pub mod lock;
 #[path = "../integration/support/netns.rs"]
 pub mod netns;
 #[path = "../integration/support/shim.rs"]

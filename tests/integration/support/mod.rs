@@ -7,6 +7,7 @@ pub mod http;
 pub mod inproc;
 pub mod kube;
 pub mod kubelet;
+pub mod lock;
 pub mod netns;
 pub mod shim;
 pub mod systemd;

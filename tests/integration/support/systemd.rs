@@ -77,6 +77,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::lock::FileLock;
+
 /// Serialises managers across all test processes and threads.
 pub const LOCK_FILE: &str = "/tmp/plexus-systemd-tests.lock";
 /// Prefix of work dirs and cgroup names.
@@ -150,7 +152,7 @@ pub struct Manager {
     created_run_systemd: bool,
     foreign_before: HashMap<u32, (String, String)>,
     // Dropped last: the next manager may start only after the cleanup.
-    _lock: Lock,
+    _lock: FileLock,
 }
 
 impl Manager {
@@ -162,7 +164,7 @@ impl Manager {
             println!("skipping: {why}");
             return None;
         }
-        let lock = Lock::acquire(Path::new(LOCK_FILE));
+        let lock = FileLock::acquire(Path::new(LOCK_FILE));
         sweep_stale();
 
         let host_had_marker = Path::new(MARKER).exists();
@@ -963,46 +965,6 @@ fn write_minimal_units(dir: &Path) {
     ];
     for (name, text) in units {
         fs::write(dir.join(name), text).unwrap();
-    }
-}
-
-/// flock(2) on a file; released when dropped (the lock lasts as long as
-/// the descriptor is open).
-struct Lock {
-    _file: File,
-}
-
-impl Lock {
-    fn acquire(path: &Path) -> Lock {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o644)
-            .open(path)
-            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let mut told = false;
-        loop {
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Lock { _file: file };
-            }
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                panic!("flock {}: {e}", path.display());
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "another systemd test held {} for 10 minutes",
-                    path.display()
-                );
-            }
-            if !told {
-                told = true;
-                eprintln!("systemd harness: waiting for {}", path.display());
-            }
-            thread::sleep(Duration::from_millis(25));
-        }
     }
 }
 

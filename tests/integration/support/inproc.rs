@@ -42,10 +42,14 @@ impl InProcess {
             .unwrap();
         let std_listener = UnixListener::bind(&sock).unwrap();
         std_listener.set_nonblocking(true).unwrap();
+        // The cap plexusd would fit to this process's RLIMIT_NOFILE, so that
+        // ConnectionLimit never raises the limit of the process every test
+        // shares (as plexusd raises its own).
+        let max_connections = limit::fit_to_descriptors(1024, limit, soft_nofile());
         let lcfg = limit::Config {
             connection_limit: limit.and_then(NonZeroUsize::new),
             queue_timeout: queue,
-            max_connections: NonZeroUsize::new(1024).unwrap(),
+            max_connections: NonZeroUsize::new(max_connections).unwrap(),
         };
         let stop = CancellationToken::new();
         let task = {
@@ -88,4 +92,16 @@ impl Drop for InProcess {
             let _ = self.rt.block_on(t);
         }
     }
+}
+
+/// The soft `RLIMIT_NOFILE` of this process.
+fn soft_nofile() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    let r = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    assert_eq!(r, 0, "getrlimit: {}", std::io::Error::last_os_error());
+    usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
 }

@@ -335,8 +335,9 @@ impl FakeApi {
         s.broadcast(|| WatchMsg::Expire);
     }
 
-    /// While true, open watches get no events (a lagging watch: the
-    /// client's cache goes stale); false sends what was held.
+    /// While true, watches get no events (a lagging watch: the client's
+    /// cache goes stale), also those opened meanwhile: their history stops
+    /// before the first held event. False sends what was held.
     pub fn hold_watches(&self, on: bool) {
         let mut s = self.lock();
         if on {
@@ -931,13 +932,16 @@ fn start_watch(s: &mut State, target: &Target, query: &str, meta: bool) -> Reply
             o
         }
     };
-    // History after `from`, then live events.
-    for e in s.events.iter().filter(|e| e.rv > from && wanted(e)) {
+    // History after `from`, but none of what is held, then live events
+    // (the held ones once released).
+    let held_from = s.held.as_ref().and_then(|h| h.first()).map(|e| e.rv);
+    let history = |e: &&Event| e.rv > from && held_from.is_none_or(|h| e.rv < h);
+    for e in s.events.iter().filter(history).filter(|e| wanted(e)) {
         let _ = tx.send(line(e.kind, shape(e)));
     }
     let (wtx, mut wrx) = mpsc::unbounded_channel::<WatchMsg>();
     s.watchers.push(wtx);
-    let rv_now = s.rv;
+    let rv_now = held_from.map_or(s.rv, |h| h - 1);
     tokio::spawn(async move {
         let mut last_rv = rv_now.max(from);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);

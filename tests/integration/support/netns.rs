@@ -11,6 +11,8 @@ use serde_json::Value;
 
 static NAMES: AtomicU32 = AtomicU32::new(0);
 static SUBNETS: AtomicU32 = AtomicU32::new(0);
+/// Bridges made by [`Link::bridge`], for their MACs.
+static BRIDGES: AtomicU32 = AtomicU32::new(0);
 /// `ip netns add` mounts `/run/netns` on first use; concurrent first uses
 /// can race, so namespaces are created one at a time.
 static NETNS_LOCK: Mutex<()> = Mutex::new(());
@@ -229,10 +231,12 @@ impl Link {
     /// bridge whose MAC the kernel assigned takes the lowest MAC among its
     /// ports, so it changes as veths come and go, and the bridge plugin's
     /// CHECK then fails for every other container ("Bridge interface ...
-    /// Mac doesn't match").
+    /// Mac doesn't match"). The MAC is unique per process and bridge (for
+    /// the first 256 bridges of a process: every test of the binary shares
+    /// the count, so it counts bridges only, not every name).
     pub fn bridge() -> Self {
         let l = Self::planned("b");
-        let n = NAMES.fetch_add(1, Ordering::Relaxed);
+        let n = BRIDGES.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let mac = format!(
             "02:70:{:02x}:{:02x}:{:02x}:{:02x}",

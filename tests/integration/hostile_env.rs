@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::support::daemon::{inode, wait_until, Daemon, TestDir, PLEXUSD};
+use crate::support::daemon::{inode, retry_interrupted, wait_until, Daemon, TestDir, PLEXUSD};
 use crate::support::http;
 
 const T: Duration = Duration::from_secs(20);
@@ -460,8 +460,7 @@ fn bind_under_umask_000_should_never_let_another_user_connect() {
     for i in 0..STARTS {
         let mut child = start_umask0(&config, &notify_path);
         loop {
-            let n = notify
-                .recv(&mut buf)
+            let n = retry_interrupted(|| notify.recv(&mut buf))
                 .unwrap_or_else(|e| panic!("start {i}: no READY=1: {e}"));
             if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
                 break;

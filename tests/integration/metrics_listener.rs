@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::daemon::{wait_until, Daemon, TestDir};
+use crate::support::daemon::{retry_interrupted, wait_until, Daemon, TestDir};
 use crate::support::http;
 
 const T: Duration = Duration::from_secs(20);
@@ -124,7 +124,7 @@ fn drain_should_close_metrics_connections() {
     // Well under the 10 s header timeout that would close it otherwise.
     idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut buf = [0u8; 64];
-    match idle.read(&mut buf) {
+    match retry_interrupted(|| idle.read(&mut buf)) {
         Ok(0) => {}
         Ok(n) => panic!("unexpected {n} bytes on an idle metrics connection"),
         Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),

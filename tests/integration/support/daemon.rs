@@ -57,6 +57,22 @@ pub fn poll(timeout: Duration, step: Duration, mut cond: impl FnMut() -> bool) -
     }
 }
 
+/// Runs `call` again while it fails with EINTR. A socket call with a
+/// timeout (`SO_RCVTIMEO`, `SO_SNDTIMEO`) fails so whenever a signal wakes
+/// the thread, even one the process ignores and even under `SA_RESTART`:
+/// with many tests in one process, a child of another test that exits
+/// while the thread that started it blocks signals (as `posix_spawn` does
+/// for a moment) leaves its SIGCHLD to whichever other thread the kernel
+/// wakes for it. (`read_to_end` and `write_all` retry on their own.)
+pub fn retry_interrupted<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match call() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
 /// Polls `cond` until it holds; fails the test when `timeout` passes.
 pub fn wait_until(timeout: Duration, what: &str, cond: impl FnMut() -> bool) {
     assert!(

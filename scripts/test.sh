@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test run from a fresh clone: installs what the tests need, builds
-# the distribution packages that tests/packaging.rs inspects, checks
+# the distribution packages that tests/integration/packaging.rs inspects, checks
 # formatting and lints, then runs every test.
 #
 #   bash scripts/test.sh

@@ -1,0 +1,272 @@
+//! Pods on a Kubernetes node, with Debian's plugins: networks from the
+//! pod's annotation (both forms) and NetworkAttachmentDefinitions, the
+//! network-status annotation written with one API call per ADD, none per
+//! DEL, DEL with the API server stopped, a pod that is gone, and a pod
+//! recreated under the same name.
+
+use serde_json::{json, Value};
+
+use crate::support::cni::{bare, bridge, conflist, failed, ok, Call, Engine};
+use crate::support::daemon::Daemon;
+use crate::support::kube::{pod_args, FakeApi, NETWORK_STATUS as STATUS, NODE};
+use crate::support::netns::{Link, Netns, Subnet};
+
+/// A node: the cluster network in confDir, two NADs (`ns1/blue`,
+/// `shared/red`) each on a bridge of its own, and a daemon watching `api`.
+struct Node {
+    engine: Engine,
+    api: FakeApi,
+    daemon: Daemon,
+    subnets: [Subnet; 3],
+    _links: [Link; 3],
+}
+
+/// A pod stored before the daemon starts, so its first list holds it.
+type Pod<'a> = (&'a str, &'a str, &'a str, Value);
+
+fn node(tag: &str, pods: Vec<Pod<'_>>, extra_nads: Vec<(&str, &str, String)>) -> Node {
+    let engine = Engine::new(tag);
+    let links = [Link::planned("b"), Link::planned("b"), Link::planned("b")];
+    let subnets = [Subnet::new(), Subnet::new(), Subnet::new()];
+    engine.write_network(
+        "10-cluster.conflist",
+        &conflist(
+            "cluster",
+            "1.0.0",
+            vec![bridge(&links[0].name, engine.host_local(&subnets[0]))],
+        ),
+    );
+    let api = FakeApi::start();
+    let nad = |i: usize, name: &str| {
+        conflist(
+            name,
+            "1.0.0",
+            vec![bridge(&links[i].name, engine.host_local(&subnets[i]))],
+        )
+        .to_string()
+    };
+    api.put_nad("ns1", "blue", Some(&nad(1, "blue-net")), json!({}));
+    api.put_nad("shared", "red", Some(&nad(2, "red-net")), json!({}));
+    for (ns, name, config) in extra_nads {
+        api.put_nad(ns, name, Some(&config), json!({}));
+    }
+    for (ns, name, uid, annotations) in pods {
+        api.put_pod(ns, name, uid, NODE, annotations);
+    }
+    let mut config = engine.config("cluster", "20s");
+    api.configure(&engine.dir, &mut config, "2s");
+    let mut daemon = Daemon::start(&engine.dir, "d", config);
+    daemon.ready();
+    Node {
+        engine,
+        api,
+        daemon,
+        subnets,
+        _links: links,
+    }
+}
+
+/// The IPv4 address of `ifname` in `netns`, as `address/prefix`.
+fn addr_in(netns: &Netns, ifname: &str) -> String {
+    let iface = netns.iface(ifname).unwrap_or_else(|| panic!("no {ifname}"));
+    iface
+        .addrs
+        .iter()
+        .find(|a| a.contains('.'))
+        .cloned()
+        .unwrap_or_else(|| panic!("{ifname} has no IPv4 address: {iface:?}"))
+}
+
+#[test]
+fn a_pod_should_get_its_annotated_networks_and_its_network_status() {
+    let n = node(
+        "k8s-pod",
+        vec![(
+            "ns1",
+            "web",
+            "uid-web",
+            json!({"k8s.v1.cni.cncf.io/networks": "blue, shared/red@red0"}),
+        )],
+        vec![],
+    );
+    let ns = Netns::new();
+    let mark = n.api.mark();
+    let add = Call::new("ADD", "k8sweb1", &ns, "eth0")
+        .args(&pod_args("ns1", "web", "uid-web"))
+        .run(&n.daemon);
+    let result = ok(&n.daemon, &add);
+    // The runtime gets the cluster network's result.
+    assert_eq!(result["interfaces"][2]["name"], "eth0", "{result}");
+    let eth0 = addr_in(&ns, "eth0");
+    let net1 = addr_in(&ns, "net1");
+    let red0 = addr_in(&ns, "red0");
+    assert!(n.subnets[0].holds(&eth0), "{eth0}");
+    assert!(n.subnets[1].holds(&net1), "{net1}");
+    assert!(n.subnets[2].holds(&red0), "{red0}");
+
+    // One API call: the status patch.
+    let calls = n.api.calls_since(mark);
+    assert_eq!(calls.len(), 1, "{calls:#?}");
+    assert_eq!(calls[0].method, "PATCH");
+    let pod = n.api.pod("ns1", "web").unwrap();
+    let text = pod["metadata"]["annotations"][STATUS]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let status: Value = serde_json::from_str(&text).unwrap();
+    let shown: Vec<(String, String, String, bool)> = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["interface"].as_str().unwrap().to_string(),
+                e["ips"][0].as_str().unwrap().to_string(),
+                e["default"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("cluster".into(), "eth0".into(), bare(&eth0), true),
+            ("ns1/blue".into(), "net1".into(), bare(&net1), false),
+            ("shared/red".into(), "red0".into(), bare(&red0), false),
+        ]
+    );
+    // multus's layout: 4-space indented entries joined by commas.
+    assert!(
+        text.starts_with("[{\n    \"name\": \"cluster\",\n"),
+        "{text}"
+    );
+    assert!(text.contains("},{\n"), "{text}");
+
+    // DEL needs no API server at all.
+    n.api.set_up(false);
+    let mark = n.api.mark();
+    ok(
+        &n.daemon,
+        &Call::new("DEL", "k8sweb1", &ns, "eth0")
+            .args(&pod_args("ns1", "web", "uid-web"))
+            .run(&n.daemon),
+    );
+    assert_eq!(n.api.mark(), mark, "DEL called the API");
+    for ifname in ["eth0", "net1", "red0"] {
+        assert!(ns.iface(ifname).is_none(), "{ifname} is left");
+    }
+    for net in ["cluster", "blue-net", "red-net"] {
+        assert!(
+            n.engine.reservations(net).is_empty(),
+            "{net} keeps an address"
+        );
+    }
+    assert!(n.engine.records().is_empty());
+}
+
+#[test]
+fn the_json_form_should_pass_interface_and_ips_to_the_network() {
+    // A static address through the `ips` capability: the static IPAM
+    // plugin reads runtimeConfig.ips when the network declares it.
+    let link = Link::planned("b");
+    let subnet = Subnet::new();
+    let static_ip = format!("{}.9/24", subnet.prefix);
+    let mut b = bridge(&link.name, json!({"type": "static"}));
+    b["capabilities"] = json!({"ips": true});
+    let fixed = conflist("fixed-net", "1.0.0", vec![b]).to_string();
+    let annotation =
+        json!([{"name": "fixed", "interface": "data0", "ips": [static_ip]}]).to_string();
+    let n = node(
+        "k8s-json",
+        vec![(
+            "ns1",
+            "db",
+            "uid-db",
+            json!({"k8s.v1.cni.cncf.io/networks": annotation}),
+        )],
+        vec![("ns1", "fixed", fixed)],
+    );
+    let ns = Netns::new();
+    ok(
+        &n.daemon,
+        &Call::new("ADD", "k8sdb1", &ns, "eth0")
+            .args(&pod_args("ns1", "db", "uid-db"))
+            .run(&n.daemon),
+    );
+    assert_eq!(addr_in(&ns, "data0"), static_ip);
+    // multus's CNI_ARGS for a pod's networks, with the element's legacy IP=.
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(n.engine.record("k8sdb1")).unwrap()).unwrap();
+    let args: Vec<&str> = record["attachments"][0]["delegates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["cniArgs"].as_str().unwrap_or(""))
+        .collect();
+    let base = "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=db;K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID=uid-db";
+    assert_eq!(args, [base.to_string(), format!("{base};IP={static_ip}")]);
+    ok(
+        &n.daemon,
+        &Call::new("DEL", "k8sdb1", &ns, "eth0")
+            .args(&pod_args("ns1", "db", "uid-db"))
+            .run(&n.daemon),
+    );
+    assert!(ns.iface("data0").is_none());
+}
+
+#[test]
+fn a_pod_that_is_gone_or_was_recreated_should_get_nothing() {
+    let n = node("k8s-gone", vec![], vec![]);
+    let ns = Netns::new();
+    // Gone: multus's placeholder answer, nothing attached or recorded.
+    let out = ok(
+        &n.daemon,
+        &Call::new("ADD", "k8sgone1", &ns, "eth0")
+            .args(&pod_args("ns1", "nobody", "uid-x"))
+            .run(&n.daemon),
+    );
+    assert_eq!(out["ips"][0]["address"], "0.0.0.0/0", "{out}");
+    assert!(ns.iface("eth0").is_none());
+    assert!(n.engine.records().is_empty());
+
+    // Recreated: the runtime's uid is the old pod's.
+    n.api.put_pod(
+        "ns1",
+        "web",
+        "uid-new",
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": "blue"}),
+    );
+    let run = Call::new("ADD", "k8sold1", &ns, "eth0")
+        .args(&pod_args("ns1", "web", "uid-old"))
+        .run(&n.daemon);
+    let (_, msg, _) = failed(&n.daemon, &run);
+    assert!(msg.contains("uid-old") && msg.contains("uid-new"), "{msg}");
+    assert!(ns.iface("eth0").is_none() && ns.iface("net1").is_none());
+    assert!(n.engine.records().is_empty());
+    let pod = n.api.pod("ns1", "web").unwrap();
+    assert!(pod["metadata"]["annotations"].get(STATUS).is_none());
+}
+
+#[test]
+fn a_missing_nad_should_fail_the_add_and_leave_nothing() {
+    let n = node(
+        "k8s-nonad",
+        vec![(
+            "ns1",
+            "p",
+            "uid-p",
+            json!({"k8s.v1.cni.cncf.io/networks": "blue, nothere"}),
+        )],
+        vec![],
+    );
+    let ns = Netns::new();
+    let run = Call::new("ADD", "k8snonad1", &ns, "eth0")
+        .args(&pod_args("ns1", "p", "uid-p"))
+        .run(&n.daemon);
+    let (code, msg, _) = failed(&n.daemon, &run);
+    assert_eq!(code, 7, "{msg}");
+    assert!(msg.contains("nothere") && msg.contains("ns1"), "{msg}");
+    assert!(ns.iface("eth0").is_none() && ns.iface("net1").is_none());
+    assert!(n.engine.records().is_empty());
+}

@@ -1,0 +1,48 @@
+//! The integration tests, as one test binary: one module per area (the
+//! files beside this one) and the harness they share ([`support`]),
+//! compiled once.
+//!
+//! `cargo test --test integration` runs them all, in parallel threads of
+//! one process; `cargo test --test integration <module>::` runs one area.
+//! Tests share this process, so a test changes nothing process-wide (the
+//! environment, the umask, the current directory, signal dispositions,
+//! resource limits) and names whatever it makes on the host uniquely
+//! (see `support::netns`, `support::daemon::TestDir`).
+
+mod support;
+
+mod admission;
+mod aux_chain;
+mod cni_faults;
+mod cni_networks;
+mod cni_plugins;
+mod config_overlay;
+mod crash_recovery;
+mod daemon_lifecycle;
+mod delegate;
+mod generate_config;
+mod host_safety;
+mod hostile_env;
+mod http_errors;
+mod input_bounds;
+mod k8s_daemon;
+mod k8s_default_route;
+mod k8s_devices;
+mod k8s_networks;
+mod k8s_selection;
+mod k8s_source;
+mod kube_fake;
+mod metrics_listener;
+mod multus_records;
+mod multus_socket;
+mod packaging;
+mod plugin_runner;
+mod properties;
+mod readiness_file;
+mod records;
+mod resource_bounds;
+mod shim;
+mod shim_wire;
+mod start_order;
+mod systemd_units;
+mod work_ownership;

@@ -1,0 +1,504 @@
+//! The distribution packages (`bash packaging/build.sh`, which `.ci/run`
+//! runs before the tests; this test builds them when they are missing):
+//! file lists and control data, lintian, an unpack into a throw-away root
+//! with dpkg, the installed service's security exposure, the RPM's file
+//! list, and what the Debian maintainer scripts do to the units under a
+//! private systemd manager.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::support::daemon::TestDir;
+use crate::support::systemd::{analyze_offline, skip_reason, Manager};
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// What reference/systemd.md found achievable for such a daemon with
+/// setns working.
+const MAX_EXPOSURE: f64 = 3.8;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stdout(cmd: &mut Command) -> String {
+    String::from_utf8_lossy(&run(cmd).stdout).into_owned()
+}
+
+/// Asserts that `plexusd --check-config` accepts `config`; returns it.
+fn valid_config(plexusd: &Path, config: &Path) -> serde_json::Value {
+    let check = stdout(
+        Command::new(plexusd)
+            .arg("--config")
+            .arg(config)
+            .arg("--check-config"),
+    );
+    assert!(check.contains("configuration is valid"), "{check}");
+    serde_json::from_slice(&std::fs::read(config).unwrap()).unwrap()
+}
+
+/// The built packages, building them first when they are missing.
+fn packages() -> &'static (PathBuf, PathBuf) {
+    static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = repo().join("target/packages");
+        let deb = dir.join(format!("plexus_{VERSION}-1_amd64.deb"));
+        let rpm = dir.join(format!("plexus-{VERSION}-1.x86_64.rpm"));
+        if !deb.exists() || !rpm.exists() {
+            run(Command::new("bash")
+                .arg(repo().join("packaging/build.sh"))
+                .current_dir(repo()));
+        }
+        (deb, rpm)
+    })
+}
+
+const DEB_FILES: &[(&str, u32)] = &[
+    ("/usr/bin/plexusd", 0o755),
+    ("/usr/lib/cni/plexus-shim", 0o755),
+    ("/lib/systemd/system/plexusd.socket", 0o644),
+    ("/lib/systemd/system/plexusd.service", 0o644),
+    ("/lib/systemd/system/plexusd-multus.socket", 0o644),
+    ("/lib/systemd/system/plexus-config.path", 0o644),
+    ("/lib/systemd/system/plexus-config.service", 0o644),
+    ("/etc/plexus/daemon-config.json", 0o644),
+    ("/usr/lib/tmpfiles.d/plexus.conf", 0o644),
+    ("/usr/share/man/man8/plexusd.8.gz", 0o644),
+    ("/usr/share/bash-completion/completions/plexusd", 0o644),
+    ("/usr/share/zsh/vendor-completions/_plexusd", 0o644),
+    ("/usr/share/fish/vendor_completions.d/plexusd.fish", 0o644),
+    ("/usr/share/doc/plexus/copyright", 0o644),
+    ("/usr/share/doc/plexus/changelog.Debian.gz", 0o644),
+    ("/usr/share/doc/plexus/README.md", 0o644),
+    ("/usr/share/doc/plexus/examples/00-plexus.conflist", 0o644),
+    ("/usr/share/lintian/overrides/plexus", 0o644),
+];
+
+#[test]
+fn deb_should_carry_the_expected_files_and_control_data() {
+    let (deb, _) = packages();
+    let listing = stdout(Command::new("dpkg-deb").arg("-c").arg(deb));
+    let files: BTreeSet<(String, u32)> = listing
+        .lines()
+        .filter(|l| l.starts_with('-'))
+        .map(|l| {
+            let mode = l.split_whitespace().next().unwrap();
+            let bits = mode[1..]
+                .chars()
+                .fold(0u32, |acc, c| (acc << 1) | u32::from(c != '-'));
+            let path = l.split_whitespace().last().unwrap().trim_start_matches('.');
+            (path.to_string(), bits)
+        })
+        .collect();
+    let want: BTreeSet<(String, u32)> =
+        DEB_FILES.iter().map(|(p, m)| (p.to_string(), *m)).collect();
+    assert_eq!(files, want, "dpkg-deb -c:\n{listing}");
+
+    let field = |name: &str| {
+        stdout(Command::new("dpkg-deb").arg("-f").arg(deb).arg(name))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(field("Package"), "plexus");
+    assert_eq!(field("Version"), format!("{VERSION}-1"));
+    assert_eq!(field("Architecture"), "amd64");
+    assert_eq!(field("Section"), "net");
+    assert!(field("Depends").contains("libc6"), "{}", field("Depends"));
+    for tool in ["iproute2", "util-linux"] {
+        assert!(field("Depends").contains(tool), "{}", field("Depends"));
+    }
+    assert_eq!(field("Recommends"), "containernetworking-plugins");
+
+    let control = TestDir::new("debctl");
+    run(Command::new("dpkg-deb")
+        .arg("-e")
+        .arg(deb)
+        .arg(&control.path));
+    let conffiles = std::fs::read_to_string(control.join("conffiles")).unwrap();
+    assert_eq!(conffiles.trim(), "/etc/plexus/daemon-config.json");
+    for script in ["postinst", "prerm", "postrm"] {
+        let md = std::fs::metadata(control.join(script)).unwrap();
+        assert_eq!(md.permissions().mode() & 0o777, 0o755, "{script}");
+        let text = std::fs::read_to_string(control.join(script)).unwrap();
+        assert!(!text.contains("#DEBHELPER#"), "{script}");
+        // Upgrades restart the service only, never the socket.
+        assert!(!text.contains("restart plexusd.socket"), "{script}");
+    }
+}
+
+#[test]
+fn deb_should_pass_lintian() {
+    let (deb, _) = packages();
+    // Warnings that remain are overridden, with reasons, in
+    // packaging/debian/lintian-overrides.
+    let out = Command::new("lintian")
+        .args(["--fail-on", "error,warning"])
+        .arg(deb)
+        .output()
+        .expect("run lintian (apt-get install lintian)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && !text
+                .lines()
+                .any(|l| l.starts_with("E:") || l.starts_with("W:")),
+        "lintian: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Where `path` of the package is in an unpacked root: conffiles wait as
+/// `<path>.dpkg-new` until dpkg configures the package.
+fn installed(root: &Path, path: &str) -> PathBuf {
+    let p = root.join(path.trim_start_matches('/'));
+    if path.starts_with("/etc/") {
+        let mut s = p.into_os_string();
+        s.push(".dpkg-new");
+        return PathBuf::from(s);
+    }
+    p
+}
+
+/// A scratch dpkg root with the package unpacked into it.
+fn unpacked(tag: &str) -> TestDir {
+    let (deb, _) = packages();
+    let root = TestDir::new(tag);
+    for d in ["var/lib/dpkg/info", "var/lib/dpkg/updates"] {
+        std::fs::create_dir_all(root.path.join(d)).unwrap();
+    }
+    std::fs::write(root.path.join("var/lib/dpkg/status"), "").unwrap();
+    run(Command::new("dpkg")
+        .arg(format!("--root={}", root.path.display()))
+        .args(["--log=/dev/null", "--force-depends", "--unpack"])
+        .arg(deb));
+    root
+}
+
+#[test]
+fn deb_should_unpack_into_a_root_with_everything_in_place() {
+    let root = unpacked("debroot");
+    let r = |p: &str| installed(&root.path, p);
+    for (path, mode) in DEB_FILES {
+        let md = std::fs::metadata(r(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(md.permissions().mode() & 0o777, *mode, "{path}");
+        assert_eq!((md.uid(), md.gid()), (0, 0), "{path}");
+    }
+    let status = stdout(
+        Command::new("dpkg")
+            .arg(format!("--root={}", root.path.display()))
+            .args(["-s", "plexus"]),
+    );
+    assert!(status.contains("Status: install ok unpacked"), "{status}");
+    assert!(
+        status.contains("/etc/plexus/daemon-config.json"),
+        "{status}"
+    );
+
+    // The default configuration is valid and names Debian's paths.
+    let cfg = valid_config(&r("/usr/bin/plexusd"), &r("/etc/plexus/daemon-config.json"));
+    assert_eq!(cfg["binDir"], "/usr/lib/cni");
+    assert_eq!(cfg["confDir"], "/etc/cni/net.d");
+    // The installed shim is a working CNI plugin.
+    let version = run(Command::new(r("/usr/lib/cni/plexus-shim"))
+        .env_clear()
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(std::process::Stdio::null()));
+    let v: serde_json::Value = serde_json::from_slice(&version.stdout).unwrap();
+    assert!(v["supportedVersions"].as_array().unwrap().len() >= 4, "{v}");
+    let man = stdout(Command::new("zcat").arg(r("/usr/share/man/man8/plexusd.8.gz")));
+    assert!(
+        man.contains(".TH plexusd 8") && man.contains("check\\-config"),
+        "{man}"
+    );
+
+    // The installed units: clean, and no more exposed than the reference.
+    let service = r("/lib/systemd/system/plexusd.service");
+    let Some(out) = analyze_offline(&["security", "--offline=yes", service.to_str().unwrap()])
+    else {
+        println!("skipping the security score: systemd-analyze cannot run here");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let score: f64 = text
+        .lines()
+        .find_map(|l| l.split("plexusd.service: ").nth(1))
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure level in:\n{text}"));
+    println!("installed plexusd.service exposure: {score}");
+    assert!(
+        score <= MAX_EXPOSURE,
+        "exposure {score} > {MAX_EXPOSURE}:\n{text}"
+    );
+}
+
+#[test]
+fn rpm_should_list_the_fedora_layout() {
+    let (_, rpm) = packages();
+    let files: BTreeSet<String> = stdout(Command::new("rpm").arg("-qlp").arg(rpm))
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let want: BTreeSet<String> = [
+        "/etc/plexus/daemon-config.json",
+        "/usr/bin/plexusd",
+        "/usr/libexec/cni/plexus-shim",
+        "/usr/lib/systemd/system/plexusd.service",
+        "/usr/lib/systemd/system/plexusd.socket",
+        "/usr/lib/systemd/system/plexusd-multus.socket",
+        "/usr/lib/systemd/system/plexus-config.path",
+        "/usr/lib/systemd/system/plexus-config.service",
+        "/usr/lib/tmpfiles.d/plexus.conf",
+        "/usr/share/bash-completion/completions/plexusd",
+        "/usr/share/doc/plexus/README.md",
+        "/usr/share/fish/vendor_completions.d/plexusd.fish",
+        "/usr/share/man/man8/plexusd.8.gz",
+        "/usr/share/zsh/site-functions/_plexusd",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(files, want);
+    let config = stdout(Command::new("rpm").arg("-qp").arg("--configfiles").arg(rpm));
+    assert_eq!(config.trim(), "/etc/plexus/daemon-config.json");
+    let scripts = stdout(Command::new("rpm").arg("-qp").arg("--scripts").arg(rpm));
+    for needle in [
+        "enable --now plexusd.socket",
+        "try-restart plexusd.service",
+        "disable --now plexusd.socket plexusd.service",
+    ] {
+        assert!(scripts.contains(needle), "{needle:?} not in:\n{scripts}");
+    }
+    assert!(!scripts.contains("restart plexusd.socket"), "{scripts}");
+    // The RPM's default configuration (packaging/rpm/daemon-config.json)
+    // is valid and names Fedora's plugin directory.
+    let cfg = valid_config(
+        Path::new(env!("CARGO_BIN_EXE_plexusd")),
+        &repo().join("packaging/rpm/daemon-config.json"),
+    );
+    assert_eq!(cfg["binDir"], "/usr/libexec/cni");
+}
+
+/// Runs a maintainer script of the unpacked package in a private mount
+/// namespace that looks like a systemd host (`/run/systemd/system`), with
+/// `systemctl`, `deb-systemd-helper`, `deb-systemd-invoke` and
+/// `systemd-tmpfiles` redirected to the private manager (`tools`), and
+/// `/var/lib` a scratch tmpfs (so a purge cannot touch the host's).
+fn maintainer_script(
+    root: &Path,
+    tools: &Path,
+    script: &str,
+    args: &[&str],
+    prepare: &str,
+    after: &str,
+) -> Output {
+    let path = root.join(format!("var/lib/dpkg/info/plexus.{script}"));
+    let inner = format!(
+        "set -e; mount -t tmpfs plexus-test /run/systemd; mkdir /run/systemd/system; \
+         mount -t tmpfs plexus-test /var/lib; {prepare}; sh {} {}; {after}",
+        path.display(),
+        args.join(" ")
+    );
+    Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &inner])
+        .env(
+            "PATH",
+            format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", tools.display()),
+        )
+        .output()
+        .unwrap()
+}
+
+/// Wrapper commands that turn the system-scope calls of the maintainer
+/// scripts into `systemctl --user` calls on the private manager, and log
+/// every call to `<tools>/calls`.
+fn write_tools(m: &Manager, tools: &Path) {
+    std::fs::create_dir_all(tools).unwrap();
+    let env: String = m
+        .client_env()
+        .iter()
+        .map(|(k, v)| format!("{k}='{v}' "))
+        .collect();
+    let log = tools.join("calls");
+    let systemctl = format!(
+        "#!/bin/bash\necho \"systemctl $*\" >> '{log}'\na=()\nfor x in \"$@\"; do [ \"$x\" = --system ] || a+=(\"$x\"); done\n\
+         exec env -i {env} nsenter --mount --target={pid} -- systemctl --user --no-pager \"${{a[@]}}\"\n",
+        log = log.display(),
+        pid = m.pid(),
+    );
+    let helper = format!(
+        "#!/bin/bash\necho \"deb-systemd-helper $*\" >> '{log}'\n[ \"$1\" = --quiet ] && shift\ncmd=$1; shift\n\
+         case $cmd in\n  unmask|enable|disable) exec '{tools}/systemctl' \"$cmd\" \"$@\" ;;\n  *) exit 0 ;;\nesac\n",
+        log = log.display(),
+        tools = tools.display(),
+    );
+    let invoke = format!(
+        "#!/bin/bash\necho \"deb-systemd-invoke $*\" >> '{log}'\nexec '{tools}/systemctl' \"$@\"\n",
+        log = log.display(),
+        tools = tools.display(),
+    );
+    let tmpfiles = format!(
+        "#!/bin/bash\necho \"systemd-tmpfiles $*\" >> '{log}'\n",
+        log = log.display()
+    );
+    for (name, body) in [
+        ("systemctl", systemctl),
+        ("deb-systemd-helper", helper),
+        ("deb-systemd-invoke", invoke),
+        ("systemd-tmpfiles", tmpfiles),
+    ] {
+        let p = tools.join(name);
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+#[test]
+fn deb_maintainer_scripts_should_enable_the_socket_and_leave_the_service_to_activation() {
+    if let Some(why) = skip_reason() {
+        println!("skipping: {why}");
+        return;
+    }
+    let root = unpacked("debscripts");
+    let Some(m) = Manager::start() else {
+        return;
+    };
+    let work = m.work_dir().to_path_buf();
+    let sock = work.join("sock/plexus.sock");
+    // The package's units, pointed at the work dir: the socket node, and a
+    // copy of the packaged plexusd with a config naming that socket.
+    let unit = |name: &str| {
+        std::fs::read_to_string(root.path.join("lib/systemd/system").join(name)).unwrap()
+    };
+    let bin = work.join("plexusd");
+    std::fs::copy(root.path.join("usr/bin/plexusd"), &bin).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(installed(&root.path, "/etc/plexus/daemon-config.json")).unwrap(),
+    )
+    .unwrap();
+    cfg["socketDir"] = serde_json::json!(work.join("sock"));
+    cfg["stateDir"] = serde_json::json!(work.join("state/plexus"));
+    std::fs::write(work.join("daemon-config.json"), cfg.to_string()).unwrap();
+    let socket = unit("plexusd.socket").replace("/run/plexus/plexus.sock", sock.to_str().unwrap());
+    let log = work.join("plexusd.log");
+    let exec = format!(
+        "ExecStart={} --config {}\nStandardOutput=append:{}\nStandardError=append:{}",
+        bin.display(),
+        work.join("daemon-config.json").display(),
+        log.display(),
+        log.display()
+    );
+    let service = unit("plexusd.service")
+        .replace(
+            "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json",
+            &exec,
+        )
+        .replace("[Unit]\n", "[Unit]\nStartLimitIntervalSec=0\n");
+    assert!(
+        service.contains(bin.to_str().unwrap()),
+        "ExecStart not substituted"
+    );
+    m.install_units(&[("plexusd.socket", &socket), ("plexusd.service", &service)]);
+    let tools = work.join("tools");
+    write_tools(&m, &tools);
+    let script = |name: &str, args: &[&str], prepare: &str, after: &str| {
+        let out = maintainer_script(&root.path, &tools, name, args, prepare, after);
+        assert!(
+            out.status.success(),
+            "{name} {args:?}: {}\n{}\ncalls:\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(tools.join("calls")).unwrap_or_default(),
+            m.describe_failure()
+        );
+    };
+
+    // Fresh install: the socket is enabled and listening; the service is not
+    // running until the first call.
+    script("postinst", &["configure"], "true", "true");
+    // Enabled: `systemctl enable` linked it into sockets.target (the
+    // harness's manager reads units from one directory only, so
+    // `is-enabled` cannot see the link; the link itself is the evidence).
+    let wants = work.join("config/systemd/user/sockets.target.wants/plexusd.socket");
+    assert!(
+        wants.symlink_metadata().is_ok(),
+        "plexusd.socket was not enabled"
+    );
+    assert_eq!(m.show("plexusd.socket", "SubState"), "listening");
+    assert_eq!(m.show("plexusd.service", "ActiveState"), "inactive");
+    // The optional units are shipped disabled: never named on install.
+    let calls = std::fs::read_to_string(tools.join("calls")).unwrap_or_default();
+    for unit in [
+        "plexusd-multus.socket",
+        "plexus-config.path",
+        "plexus-config.service",
+    ] {
+        assert!(!calls.contains(unit), "postinst touched {unit}:\n{calls}");
+    }
+    let inode = std::fs::metadata(&sock).unwrap().ino();
+    let r = crate::support::http::request(&sock, "GET", "/healthz", b"").unwrap();
+    assert_eq!(r.status, 200);
+    m.wait_property(
+        "plexusd.service",
+        "ActiveState",
+        "active",
+        Duration::from_secs(10),
+    );
+    let first_pid = m.show("plexusd.service", "MainPID");
+
+    // Upgrade: the running service is restarted, the socket is not.
+    script("postinst", &["configure", "0.0.9-1"], "true", "true");
+    m.wait_property(
+        "plexusd.service",
+        "ActiveState",
+        "active",
+        Duration::from_secs(10),
+    );
+    let second_pid = m.show("plexusd.service", "MainPID");
+    assert_ne!(first_pid, second_pid, "upgrade did not restart the service");
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().ino(),
+        inode,
+        "the socket was recreated"
+    );
+    // "running" while the service holds it.
+    assert_eq!(m.show("plexusd.socket", "ActiveState"), "active");
+    let calls = std::fs::read_to_string(tools.join("calls")).unwrap();
+    assert!(!calls.contains("restart plexusd.socket"), "{calls}");
+
+    // Removal stops both and disables the socket.
+    script("prerm", &["remove"], "true", "true");
+    assert_eq!(m.show("plexusd.socket", "ActiveState"), "inactive");
+    assert_eq!(m.show("plexusd.service", "ActiveState"), "inactive");
+    script("postrm", &["remove"], "true", "true");
+    assert!(
+        wants.symlink_metadata().is_err(),
+        "plexusd.socket is still enabled"
+    );
+
+    // Purge removes the state directory (a scratch /var/lib here).
+    script(
+        "postrm",
+        &["purge"],
+        "mkdir -p /var/lib/plexus/attachments && touch /var/lib/plexus/attachments/c.json",
+        "test ! -e /var/lib/plexus",
+    );
+}

@@ -1,0 +1,1001 @@
+//! A small Kubernetes API server for tests: pods and
+//! NetworkAttachmentDefinitions, served in the real wire format.
+//!
+//! What it speaks, as the real API server does:
+//! - lists with `metadata.resourceVersion`, full objects or, when the
+//!   client asks with `Accept: application/json;as=PartialObjectMetadataList;
+//!   g=meta.k8s.io;v=v1`, metadata only;
+//! - `fieldSelector=spec.nodeName=<node>` and `metadata.name=<name>` on pods;
+//! - watches (`watch=true`, `resourceVersion`, `allowWatchBookmarks`,
+//!   `timeoutSeconds`) as a chunked stream of `{"type":..,"object":..}`
+//!   lines, with `BOOKMARK` events and, for a resourceVersion older than the
+//!   oldest event kept, an `ERROR` event carrying a 410 `Expired` Status;
+//! - GET of one object, 404 as a `NotFound` Status;
+//! - JSON merge patch and strategic merge patch (for metadata the same) of
+//!   `pods/<name>/status`, answering the patched pod; a patch changing
+//!   `metadata.uid` is 422 Invalid (the field is immutable);
+//! - errors as `Status` objects.
+//!
+//! Tests steer it: add, change and delete objects; fail the next requests
+//! with a status; stall requests; expire watches; go down (connections
+//! refused) and come back on the same port; and read the log of requests
+//! to count API calls.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, watch};
+
+/// The node the tests' daemons serve.
+pub const NODE: &str = "node-1";
+/// The pod annotation plexusd writes after an ADD.
+pub const NETWORK_STATUS: &str = plexus::k8s::NETWORK_STATUS_ANNOTATION;
+
+/// `CNI_ARGS` as a Kubernetes runtime sends them for pod `ns/name`.
+pub fn pod_args(ns: &str, name: &str, uid: &str) -> String {
+    format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID={uid}"
+    )
+}
+
+/// Pods: core group.
+const PODS: &str = "pods";
+/// NetworkAttachmentDefinitions: k8s.cni.cncf.io/v1.
+const NADS: &str = "network-attachment-definitions";
+/// Events kept for watches; older resourceVersions get 410 Gone.
+const HISTORY: usize = 1000;
+
+/// One request the server received. Its `Debug` (in failure messages)
+/// shows the body as text and how long ago the request arrived.
+#[derive(Clone)]
+pub struct Logged {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub content_type: Option<String>,
+    pub accept: Option<String>,
+    pub body: Vec<u8>,
+    /// When it arrived.
+    pub at: std::time::Instant,
+}
+
+impl Logged {
+    pub fn is_watch(&self) -> bool {
+        query_param(&self.query, "watch").is_some_and(|v| v == "true" || v == "1")
+    }
+}
+
+impl std::fmt::Debug for Logged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Logged")
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("query", &self.query)
+            .field("content_type", &self.content_type)
+            .field("accept", &self.accept)
+            .field("body", &String::from_utf8_lossy(&self.body))
+            .field("age", &self.at.elapsed())
+            .finish()
+    }
+}
+
+/// A failure a test asks for.
+#[derive(Debug, Clone)]
+struct Injected {
+    /// Requests whose path contains this fail.
+    path_contains: String,
+    status: u16,
+    remaining: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Event {
+    rv: u64,
+    resource: &'static str,
+    kind: &'static str,
+    object: Value,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    rv: u64,
+    /// (resource, namespace, name) -> object.
+    objects: BTreeMap<(&'static str, String, String), Value>,
+    events: Vec<Event>,
+    /// Events before this resourceVersion are gone (410 for watches).
+    oldest_rv: u64,
+    log: Vec<Logged>,
+    injected: Vec<Injected>,
+    /// Open watches, told about each new event.
+    watchers: Vec<mpsc::UnboundedSender<WatchMsg>>,
+    /// Some(events not yet sent to open watches) while watches are held.
+    held: Option<Vec<Event>>,
+}
+
+#[derive(Debug)]
+enum WatchMsg {
+    Event(Event),
+    Bookmark,
+    Expire,
+}
+
+/// The fake API server; stops on drop.
+pub struct FakeApi {
+    state: Arc<Mutex<State>>,
+    addr: SocketAddr,
+    /// true: accepting connections; false: down (connections refused).
+    up: watch::Sender<bool>,
+    /// true: requests stall until set back to false.
+    stalled: watch::Sender<bool>,
+    shutdown: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeApi {
+    pub fn start() -> Self {
+        let std_listener = StdListener::bind("127.0.0.1:0").expect("bind the fake API server");
+        let addr = std_listener.local_addr().expect("local addr");
+        let state = Arc::new(Mutex::new(State {
+            rv: 100,
+            oldest_rv: 100,
+            ..State::default()
+        }));
+        let (up, up_rx) = watch::channel(true);
+        let (stalled, stalled_rx) = watch::channel(false);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let thread = {
+            let state = state.clone();
+            std::thread::Builder::new()
+                .name("fake-kube-api".into())
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("runtime");
+                    rt.block_on(serve(
+                        std_listener,
+                        addr,
+                        state,
+                        up_rx,
+                        stalled_rx,
+                        shutdown_rx,
+                    ));
+                })
+                .expect("spawn the fake API server")
+        };
+        Self {
+            state,
+            addr,
+            up,
+            stalled,
+            shutdown,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kubeconfig naming this server (plain HTTP, a bearer token).
+    pub fn write_kubeconfig(&self, path: &Path) {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: node\n\
+             current-context: fake\nusers:\n- name: node\n  user:\n    token: test-token\n",
+            self.url()
+        );
+        std::fs::write(path, text).expect("write kubeconfig");
+    }
+
+    /// Points a daemon config at this server: writes `<dir>/kubeconfig`
+    /// and sets `kubeconfig`, `nodeName` ([`NODE`]) and
+    /// `kubernetesRequestTimeout`.
+    pub fn configure(
+        &self,
+        dir: &super::daemon::TestDir,
+        config: &mut Value,
+        request_timeout: &str,
+    ) {
+        let kubeconfig = dir.join("kubeconfig");
+        self.write_kubeconfig(&kubeconfig);
+        config["kubeconfig"] = json!(kubeconfig);
+        config["nodeName"] = json!(NODE);
+        config["kubernetesRequestTimeout"] = json!(request_timeout);
+    }
+
+    /// The pod's network-status annotation, if it has one.
+    pub fn network_status(&self, namespace: &str, name: &str) -> Option<String> {
+        self.pod(namespace, name)?["metadata"]["annotations"][NETWORK_STATUS]
+            .as_str()
+            .map(str::to_string)
+    }
+
+    /// The network names in the pod's network-status annotation, in
+    /// order; empty without one.
+    pub fn network_status_names(&self, namespace: &str, name: &str) -> Vec<String> {
+        let Some(text) = self.network_status(namespace, name) else {
+            return Vec::new();
+        };
+        let status: Value = serde_json::from_str(&text).expect("network-status is JSON");
+        status
+            .as_array()
+            .expect("network-status is a list")
+            .iter()
+            .map(|e| e["name"].as_str().expect("a name").to_string())
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds or replaces a pod; `annotations` as given.
+    pub fn put_pod(&self, namespace: &str, name: &str, uid: &str, node: &str, annotations: Value) {
+        let pod = json!({
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+                "annotations": annotations,
+                "labels": {"app": name},
+            },
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Pending"},
+        });
+        self.lock().put(PODS, namespace, name, pod);
+    }
+
+    /// Adds or replaces a NetworkAttachmentDefinition. `config` is the
+    /// `spec.config` string (None: no spec at all).
+    pub fn put_nad(&self, namespace: &str, name: &str, config: Option<&str>, annotations: Value) {
+        let mut nad = json!({
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": format!("nad-{namespace}-{name}"),
+                "annotations": annotations,
+            },
+        });
+        if let Some(c) = config {
+            nad["spec"] = json!({ "config": c });
+        }
+        self.lock().put(NADS, namespace, name, nad);
+    }
+
+    pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
+        self.lock().delete(PODS, namespace, name)
+    }
+
+    pub fn delete_nad(&self, namespace: &str, name: &str) -> bool {
+        self.lock().delete(NADS, namespace, name)
+    }
+
+    /// The stored pod, as a GET would return it.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        let s = self.lock();
+        s.objects
+            .get(&(PODS, namespace.to_string(), name.to_string()))
+            .map(|o| s.full(PODS, o))
+    }
+
+    /// Every request so far.
+    pub fn log(&self) -> Vec<Logged> {
+        self.lock().log.clone()
+    }
+
+    /// Requests that are neither watches nor list/watch of the caches:
+    /// what a single CNI call costs.
+    pub fn calls_since(&self, mark: usize) -> Vec<Logged> {
+        self.lock().log[mark..]
+            .iter()
+            .filter(|r| !r.is_watch())
+            .cloned()
+            .collect()
+    }
+
+    /// Position in the log, for [`FakeApi::calls_since`].
+    pub fn mark(&self) -> usize {
+        self.lock().log.len()
+    }
+
+    /// The next `count` requests whose path contains `path_contains` get
+    /// `status` (a Status object).
+    pub fn fail_next(&self, path_contains: &str, status: u16, count: usize) {
+        self.lock().injected.push(Injected {
+            path_contains: path_contains.to_string(),
+            status,
+            remaining: count,
+        });
+    }
+
+    /// While true, every request waits before it is answered (watches
+    /// already open keep streaming).
+    pub fn stall(&self, on: bool) {
+        let _ = self.stalled.send(on);
+    }
+
+    /// Ends every open watch with a 410 Expired event and forgets the
+    /// history: clients must list again.
+    pub fn expire_watches(&self) {
+        let mut s = self.lock();
+        s.oldest_rv = s.rv + 1;
+        s.events.clear();
+        s.broadcast(|| WatchMsg::Expire);
+    }
+
+    /// While true, watches get no events (a lagging watch: the client's
+    /// cache goes stale), also those opened meanwhile: their history stops
+    /// before the first held event. False sends what was held.
+    pub fn hold_watches(&self, on: bool) {
+        let mut s = self.lock();
+        if on {
+            s.held.get_or_insert_with(Vec::new);
+        } else if let Some(held) = s.held.take() {
+            for e in held {
+                s.broadcast(|| WatchMsg::Event(e.clone()));
+            }
+        }
+    }
+
+    /// Sends a BOOKMARK on every open watch.
+    pub fn bookmark(&self) {
+        self.lock().broadcast(|| WatchMsg::Bookmark);
+    }
+
+    /// Open watches right now.
+    pub fn watchers(&self) -> usize {
+        let mut s = self.lock();
+        s.watchers.retain(|w| !w.is_closed());
+        s.watchers.len()
+    }
+
+    /// Down: the port refuses connections and open watches end. Up again:
+    /// the same port serves.
+    pub fn set_up(&self, up: bool) {
+        if !up {
+            self.lock().watchers.clear();
+        }
+        let _ = self.up.send(up);
+        // Wait until the listener is really closed or open again.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(self.addr).is_ok() != up {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the fake API server did not go {}",
+                if up { "up" } else { "down" }
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.stalled.send(false);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl State {
+    fn next_rv(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn put(&mut self, resource: &'static str, namespace: &str, name: &str, mut object: Value) {
+        let rv = self.next_rv();
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let key = (resource, namespace.to_string(), name.to_string());
+        let kind = if self.objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.objects.insert(key, object.clone());
+        self.record(rv, resource, kind, object);
+    }
+
+    fn delete(&mut self, resource: &'static str, namespace: &str, name: &str) -> bool {
+        let key = (resource, namespace.to_string(), name.to_string());
+        let Some(mut object) = self.objects.remove(&key) else {
+            return false;
+        };
+        let rv = self.next_rv();
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.record(rv, resource, "DELETED", object);
+        true
+    }
+
+    fn record(&mut self, rv: u64, resource: &'static str, kind: &'static str, object: Value) {
+        let event = Event {
+            rv,
+            resource,
+            kind,
+            object,
+        };
+        self.events.push(event.clone());
+        if self.events.len() > HISTORY {
+            let drop_n = self.events.len() - HISTORY;
+            self.events.drain(..drop_n);
+            self.oldest_rv = self.events[0].rv;
+        }
+        match &mut self.held {
+            Some(held) => held.push(event),
+            None => self.broadcast(|| WatchMsg::Event(event.clone())),
+        }
+    }
+
+    fn broadcast(&mut self, msg: impl Fn() -> WatchMsg) {
+        self.watchers.retain(|w| w.send(msg()).is_ok());
+    }
+
+    /// An object with its kind and apiVersion, as GET answers it.
+    fn full(&self, resource: &str, object: &Value) -> Value {
+        let mut o = object.clone();
+        let (kind, api_version) = kind_of(resource);
+        o["kind"] = json!(kind);
+        o["apiVersion"] = json!(api_version);
+        o
+    }
+
+    fn injected(&mut self, path: &str) -> Option<u16> {
+        let hit = self
+            .injected
+            .iter_mut()
+            .find(|i| i.remaining > 0 && path.contains(&i.path_contains))?;
+        hit.remaining -= 1;
+        Some(hit.status)
+    }
+}
+
+fn kind_of(resource: &str) -> (&'static str, &'static str) {
+    if resource == PODS {
+        ("Pod", "v1")
+    } else {
+        ("NetworkAttachmentDefinition", "k8s.cni.cncf.io/v1")
+    }
+}
+
+async fn serve(
+    std_listener: StdListener,
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    mut up: watch::Receiver<bool>,
+    stalled: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    std_listener.set_nonblocking(true).expect("nonblocking");
+    let mut listener = Some(tokio::net::TcpListener::from_std(std_listener).expect("listener"));
+    loop {
+        let accept = async {
+            match &listener {
+                Some(l) => l.accept().await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            changed = up.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let want = *up.borrow_and_update();
+                if want && listener.is_none() {
+                    listener = Some(bind_again(addr).await);
+                } else if !want {
+                    listener = None;
+                }
+            }
+            conn = accept => {
+                let Some((stream, _)) = conn else { continue };
+                let state = state.clone();
+                let stalled = stalled.clone();
+                let mut down = up.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        handle(req, state.clone(), stalled.clone())
+                    });
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                    tokio::pin!(conn);
+                    // Going down closes open connections too.
+                    loop {
+                        tokio::select! {
+                            _ = &mut conn => return,
+                            r = down.changed() => {
+                                if r.is_err() || !*down.borrow_and_update() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+async fn bind_again(addr: SocketAddr) -> tokio::net::TcpListener {
+    loop {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        let _ = socket.set_reuseaddr(true);
+        if socket.bind(addr).is_ok() {
+            if let Ok(l) = socket.listen(128) {
+                return l;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+type Reply = Response<ReplyBody>;
+
+/// A whole body, or a watch stream.
+enum ReplyBody {
+    Full(Full<Bytes>),
+    Stream(mpsc::UnboundedReceiver<Bytes>),
+}
+
+impl Body for ReplyBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            ReplyBody::Full(f) => Pin::new(f).poll_frame(cx),
+            ReplyBody::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+}
+
+fn reply(status: u16, body: &Value) -> Reply {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(ReplyBody::Full(Full::new(Bytes::from(body.to_string()))))
+        .expect("response")
+}
+
+fn status_object(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    })
+}
+
+fn error(code: u16, reason: &str, message: &str) -> Reply {
+    reply(code, &status_object(code, reason, message))
+}
+
+fn reason_for(code: u16) -> &'static str {
+    match code {
+        404 => "NotFound",
+        409 => "Conflict",
+        410 => "Expired",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "Unknown",
+    }
+}
+
+fn query_param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+/// Percent-decoding enough for field selectors (`%3D`, `%2C`, `+`).
+fn decode(v: &str) -> String {
+    let bytes = v.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What a request path names.
+#[derive(Debug)]
+struct Target {
+    resource: &'static str,
+    namespace: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+fn route(path: &str) -> Option<Target> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (rest, resource) = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => (rest, PODS),
+        ["apis", "k8s.cni.cncf.io", "v1", rest @ ..] => (rest, NADS),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] => (Some(ns.to_string()), rest),
+        rest => (None, rest),
+    };
+    let (name, status) = match rest {
+        [r] if *r == resource => (None, false),
+        [r, name] if *r == resource => (Some(name.to_string()), false),
+        [r, name, "status"] if *r == resource && resource == PODS => (Some(name.to_string()), true),
+        _ => return None,
+    };
+    Some(Target {
+        resource,
+        namespace,
+        name,
+        status,
+    })
+}
+
+/// Whether the client asked for metadata only (PartialObjectMetadata).
+fn metadata_only(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| a.contains("as=PartialObjectMetadata"))
+}
+
+fn as_metadata(object: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": object["metadata"].clone(),
+    })
+}
+
+fn selected(object: &Value, field_selector: Option<&str>) -> bool {
+    let Some(sel) = field_selector.filter(|s| !s.is_empty()) else {
+        return true;
+    };
+    sel.split(',').all(|term| {
+        let (field, want, negate) = if let Some((f, v)) = term.split_once("!=") {
+            (f, v, true)
+        } else if let Some((f, v)) = term.split_once("==") {
+            (f, v, false)
+        } else if let Some((f, v)) = term.split_once('=') {
+            (f, v, false)
+        } else {
+            return false;
+        };
+        let have = match field {
+            "spec.nodeName" => object["spec"]["nodeName"].as_str(),
+            "metadata.name" => object["metadata"]["name"].as_str(),
+            "metadata.namespace" => object["metadata"]["namespace"].as_str(),
+            _ => None,
+        }
+        .unwrap_or("");
+        (have == want) != negate
+    })
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    state: Arc<Mutex<State>>,
+    mut stalled: watch::Receiver<bool>,
+) -> Result<Reply, Infallible> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let header = |n: &str| {
+        req.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let content_type = header("content-type");
+    let accept = header("accept");
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes().to_vec(),
+        Err(_) => return Ok(error(400, "BadRequest", "cannot read the body")),
+    };
+    let logged = Logged {
+        method: method.to_string(),
+        path: path.clone(),
+        query: query.clone(),
+        content_type: content_type.clone(),
+        accept: accept.clone(),
+        body: body.clone(),
+        at: std::time::Instant::now(),
+    };
+    let is_watch = logged.is_watch();
+    let injected = {
+        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        s.log.push(logged);
+        s.injected(&path)
+    };
+    // A stalled server answers nothing until released (or the client
+    // gives up and closes).
+    while *stalled.borrow_and_update() {
+        if stalled.changed().await.is_err() {
+            break;
+        }
+    }
+    if let Some(code) = injected {
+        return Ok(error(code, reason_for(code), "injected failure"));
+    }
+    let Some(target) = route(&path) else {
+        return Ok(error(
+            404,
+            "NotFound",
+            &format!("the server could not find the requested resource ({path})"),
+        ));
+    };
+    let meta = metadata_only(accept.as_deref());
+    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+    match (method, target.name.clone()) {
+        (Method::GET, Some(name)) => {
+            let ns = target.namespace.clone().unwrap_or_default();
+            match s.objects.get(&(target.resource, ns, name.clone())) {
+                Some(o) => {
+                    let o = if meta {
+                        as_metadata(o)
+                    } else {
+                        s.full(target.resource, o)
+                    };
+                    Ok(reply(200, &o))
+                }
+                None => Ok(error(
+                    404,
+                    "NotFound",
+                    &format!("{} \"{name}\" not found", target.resource),
+                )),
+            }
+        }
+        (Method::GET, None) if is_watch => Ok(start_watch(&mut s, &target, &query, meta)),
+        (Method::GET, None) => {
+            let field_selector = query_param(&query, "fieldSelector").map(decode);
+            let items: Vec<Value> = s
+                .objects
+                .iter()
+                .filter(|((r, ns, _), _)| {
+                    *r == target.resource && target.namespace.as_ref().is_none_or(|want| want == ns)
+                })
+                .map(|(_, o)| o)
+                .filter(|o| selected(o, field_selector.as_deref()))
+                .map(|o| if meta { as_metadata(o) } else { o.clone() })
+                .collect();
+            let (kind, api_version) = kind_of(target.resource);
+            let (kind, api_version) = if meta {
+                ("PartialObjectMetadataList".to_string(), "meta.k8s.io/v1")
+            } else {
+                (format!("{kind}List"), api_version)
+            };
+            Ok(reply(
+                200,
+                &json!({
+                    "kind": kind,
+                    "apiVersion": api_version,
+                    "metadata": {"resourceVersion": s.rv.to_string()},
+                    "items": items,
+                }),
+            ))
+        }
+        (Method::PATCH, Some(name)) if target.status => {
+            let ns = target.namespace.clone().unwrap_or_default();
+            let ct = content_type.unwrap_or_default();
+            if !ct.starts_with("application/merge-patch+json")
+                && !ct.starts_with("application/strategic-merge-patch+json")
+            {
+                return Ok(error(
+                    415,
+                    "UnsupportedMediaType",
+                    &format!("the body of the request was in an unknown format: {ct}"),
+                ));
+            }
+            let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+                return Ok(error(400, "BadRequest", "the patch is not JSON"));
+            };
+            let key = (PODS, ns.clone(), name.clone());
+            let Some(mut pod) = s.objects.get(&key).cloned() else {
+                return Ok(error(
+                    404,
+                    "NotFound",
+                    &format!("pods \"{name}\" not found"),
+                ));
+            };
+            // uid is immutable: a patch naming another uid is invalid
+            // (what guards a write against a pod recreated under the name).
+            if let Some(uid) = patch["metadata"]["uid"].as_str() {
+                if pod["metadata"]["uid"].as_str() != Some(uid) {
+                    return Ok(error(
+                        422,
+                        "Invalid",
+                        &format!(
+                            "Pod \"{name}\" is invalid: metadata.uid: Invalid value: \"{uid}\": field is immutable"
+                        ),
+                    ));
+                }
+            }
+            merge_patch(&mut pod, &patch);
+            s.put(PODS, &ns, &name, pod);
+            let stored = s.objects.get(&key).cloned().unwrap_or_default();
+            Ok(reply(200, &s.full(PODS, &stored)))
+        }
+        _ => Ok(error(
+            405,
+            "MethodNotAllowed",
+            "not supported by this server",
+        )),
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    let Value::Object(t) = target else { return };
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+fn start_watch(s: &mut State, target: &Target, query: &str, meta: bool) -> Reply {
+    let from: u64 = query_param(query, "resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(s.rv);
+    let bookmarks = query_param(query, "allowWatchBookmarks") == Some("true");
+    let field_selector = query_param(query, "fieldSelector").map(decode);
+    let timeout = query_param(query, "timeoutSeconds")
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let resource = target.resource;
+    let namespace = target.namespace.clone();
+    let line = move |kind: &str, object: Value| {
+        let mut l = json!({"type": kind, "object": object}).to_string();
+        l.push('\n');
+        Bytes::from(l)
+    };
+    let expired = move |from: u64, oldest: u64| {
+        line(
+            "ERROR",
+            status_object(
+                410,
+                "Expired",
+                &format!("too old resource version: {from} ({oldest})"),
+            ),
+        )
+    };
+    if from + 1 < s.oldest_rv && from != 0 {
+        let _ = tx.send(expired(from, s.oldest_rv));
+        return stream_reply(rx);
+    }
+    let wanted = {
+        let namespace = namespace.clone();
+        let field_selector = field_selector.clone();
+        move |e: &Event| {
+            e.resource == resource
+                && namespace
+                    .as_ref()
+                    .is_none_or(|ns| e.object["metadata"]["namespace"].as_str() == Some(ns))
+                && selected(&e.object, field_selector.as_deref())
+        }
+    };
+    let shape = move |e: &Event| {
+        let (kind, api_version) = kind_of(e.resource);
+        if meta {
+            as_metadata(&e.object)
+        } else {
+            let mut o = e.object.clone();
+            o["kind"] = json!(kind);
+            o["apiVersion"] = json!(api_version);
+            o
+        }
+    };
+    // History after `from`, but none of what is held, then live events
+    // (the held ones once released).
+    let held_from = s.held.as_ref().and_then(|h| h.first()).map(|e| e.rv);
+    let history = |e: &&Event| e.rv > from && held_from.is_none_or(|h| e.rv < h);
+    for e in s.events.iter().filter(history).filter(|e| wanted(e)) {
+        let _ = tx.send(line(e.kind, shape(e)));
+    }
+    let (wtx, mut wrx) = mpsc::unbounded_channel::<WatchMsg>();
+    s.watchers.push(wtx);
+    let rv_now = held_from.map_or(s.rv, |h| h - 1);
+    tokio::spawn(async move {
+        let mut last_rv = rv_now.max(from);
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        loop {
+            let msg = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, wrx.recv()).await {
+                    Ok(m) => m,
+                    Err(_) => return,
+                },
+                None => wrx.recv().await,
+            };
+            let Some(msg) = msg else { return };
+            let sent = match msg {
+                WatchMsg::Event(e) => {
+                    last_rv = last_rv.max(e.rv);
+                    if !wanted(&e) {
+                        continue;
+                    }
+                    tx.send(line(e.kind, shape(&e)))
+                }
+                WatchMsg::Bookmark if bookmarks => {
+                    let (kind, api_version) = kind_of(resource);
+                    let (kind, api_version) = if meta {
+                        ("PartialObjectMetadata", "meta.k8s.io/v1")
+                    } else {
+                        (kind, api_version)
+                    };
+                    tx.send(line(
+                        "BOOKMARK",
+                        json!({
+                            "kind": kind,
+                            "apiVersion": api_version,
+                            "metadata": {"resourceVersion": last_rv.to_string()},
+                        }),
+                    ))
+                }
+                WatchMsg::Bookmark => continue,
+                WatchMsg::Expire => {
+                    let _ = tx.send(expired(last_rv, last_rv + 1));
+                    return;
+                }
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    });
+    stream_reply(rx)
+}
+
+fn stream_reply(rx: mpsc::UnboundedReceiver<Bytes>) -> Reply {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(ReplyBody::Stream(rx))
+        .expect("response")
+}

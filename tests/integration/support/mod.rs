@@ -1,0 +1,13 @@
+//! Test harness shared by the integration tests (declared once, in
+//! `main.rs`; the test modules use it as `crate::support`).
+
+pub mod cni;
+pub mod daemon;
+pub mod http;
+pub mod inproc;
+pub mod kube;
+pub mod kubelet;
+pub mod lock;
+pub mod netns;
+pub mod shim;
+pub mod systemd;

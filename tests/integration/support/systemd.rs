@@ -1,0 +1,1127 @@
+//! A real `systemd --user` manager for integration tests, on machines whose
+//! PID 1 is not systemd (VMs, containers, CI runners).
+//!
+//! How one [`Manager`] isolates itself:
+//!
+//! * Managers are serialised across threads and processes with an `flock` on
+//!   [`LOCK_FILE`]; under the lock, leftovers of killed test runs (cgroups and
+//!   work dirs named `plexus-sd-<pid>-...` whose pid is gone) are removed.
+//! * Every manager gets a fresh work dir `/run/plexus-systemd-tests/plexus-sd-<pid>-<n>-<nanos>`
+//!   and cgroup directories of the same name (`systemd/` + `unified/` on hybrid
+//!   hosts, the root on pure cgroup v2).
+//! * The manager process is forked by this harness; before `exec` it moves
+//!   itself into those cgroups (so it never adopts the host's root cgroup),
+//!   becomes a session leader, asks for SIGTERM when the test thread dies, and
+//!   enters a private mount namespace (`unshare(CLONE_NEWNS)`, `/` made
+//!   recursively private) where it bind-mounts `/run` onto itself (sandboxing
+//!   options mount an empty tmpfs over a `/run` that is no mount point), mounts
+//!   a tmpfs over `/run/systemd` plus the `/run/systemd/system` marker
+//!   (`systemd --user` needs it; it must never exist on the host) and the
+//!   `inaccessible/` nodes PID 1 would create at boot, a tmpfs as
+//!   `XDG_RUNTIME_DIR`, and bind-mounts a pty over `/dev/console`. The manager logs to that console; a thread copies
+//!   the pty into `<work>/manager.log`, nothing reaches the machine console.
+//!   These mounts exist only inside the namespace and vanish with it.
+//! * Private `XDG_*` and `HOME` dirs and `SYSTEMD_UNIT_PATH=<work>/units`, which
+//!   holds minimal targets, so only the units a test installs are loaded.
+//! * `systemctl --user` runs through `nsenter --mount --target <manager pid>`
+//!   with the same `XDG_RUNTIME_DIR`, bounded by `timeout`.
+//! * Everything a test must reach from the host (sockets, logs, configs)
+//!   lives in the work dir on the host file system.
+//! * `Drop`: `systemctl --user exit` (fallback SIGTERM, then SIGKILL), a
+//!   bounded wait, SIGKILL for anything left in the run's cgroups or mount
+//!   namespace, `rmdir` of the cgroups deepest first, then host checks (no
+//!   `/run/systemd/system`, no harness mount in `/proc/self/mountinfo`, no
+//!   foreign process moved into a systemd-made cgroup) and removal of the work
+//!   dir. Problems fail the test (unless it already failed: then the logs are
+//!   printed instead).
+//!
+//! Why it takes all that (each learned the hard way):
+//!
+//! * `systemd --user` refuses to start without `/run/systemd/system`, and
+//!   Debian maintainer scripts read that directory as "systemd is PID 1": it
+//!   may exist only inside the manager's mount namespace, never on the host.
+//! * A manager started from a process in `/init.scope` strips that suffix and
+//!   adopts the host's root cgroup, and can then move every process of the
+//!   machine into a new `init.scope` group of its own; hence the fresh
+//!   cgroups joined before `exec`, and the check that no foreign process
+//!   moved.
+//! * A root `systemd --user` that is not PID 1 logs to `/dev/console`, and
+//!   only if that is a tty (a plain file bind-mounted there receives
+//!   nothing); hence the pty. There is no journald either: units under test
+//!   need `StandardOutput=append:FILE` ([`plexus_units`] adds it).
+//! * `daemon-reload` refuses to run with less than 16 MiB free on
+//!   `/run/systemd`; the tmpfs mounts are 64 MiB (a tmpfs only uses what is
+//!   written).
+//! * `systemctl --user exit` needs `systemd-exit.service` with
+//!   `SuccessAction=exit-force` and `Slice=-.slice`, or it fails with
+//!   conflicting jobs; the minimal targets in `units/` provide it.
+//! * No D-Bus daemon is needed: `systemctl --user` talks to
+//!   `$XDG_RUNTIME_DIR/systemd/private` ("Failed to connect to system bus"
+//!   in the manager's log is harmless).
+//!
+//! Environment knobs: `PLEXUS_SYSTEMD_TESTS=0` skips, `PLEXUS_SYSTEMD_KEEP=1`
+//! keeps the work dir, `PLEXUS_SYSTEMD_LOG_LEVEL=debug` raises the manager's
+//! log level.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::{CString, OsStr};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::lock::FileLock;
+
+/// Serialises managers across all test processes and threads.
+pub const LOCK_FILE: &str = "/tmp/plexus-systemd-tests.lock";
+/// Prefix of work dirs and cgroup names.
+pub const PREFIX: &str = "plexus-sd-";
+/// Parent of the managers' work dirs. Not /tmp: systemd (even a user manager,
+/// when it runs as root) honours `PrivateTmp=yes` of plexusd.service, so the
+/// daemon would see neither its config nor a binary below /tmp or /var/tmp.
+pub const WORK_BASE: &str = "/run/plexus-systemd-tests";
+/// Source name of the harness's tmpfs mounts (visible in mountinfo).
+const MOUNT_SOURCE: &str = "plexus-sd";
+const SYSTEMD_BIN: &str = "/lib/systemd/systemd";
+const MARKER: &str = "/run/systemd/system";
+const PATH_ENV: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Upper bound for one `systemctl` call.
+const SYSTEMCTL_TIMEOUT: &str = "30";
+/// How long the manager may take to come up / to exit.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+const EXIT_TIMEOUT: Duration = Duration::from_secs(40);
+const POLL: Duration = Duration::from_millis(10);
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Why systemd tests cannot run here, or `None` when they can.
+pub fn skip_reason() -> Option<String> {
+    if std::env::var("PLEXUS_SYSTEMD_TESTS").as_deref() == Ok("0") {
+        return Some("PLEXUS_SYSTEMD_TESTS=0".into());
+    }
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not running as root (needs mount namespaces and cgroups)".into());
+    }
+    if !is_executable(Path::new(SYSTEMD_BIN)) {
+        return Some(format!("{SYSTEMD_BIN} is missing"));
+    }
+    for tool in [
+        "unshare",
+        "nsenter",
+        "timeout",
+        "systemctl",
+        "systemd-analyze",
+    ] {
+        if find_in_path(tool).is_none() {
+            return Some(format!("`{tool}` is not installed"));
+        }
+    }
+    if cgroup_roots().is_empty() {
+        return Some("no usable cgroup hierarchy under /sys/fs/cgroup".into());
+    }
+    None
+}
+
+/// Polls `cond` every few milliseconds until it holds or `timeout` passes.
+pub fn poll_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+    super::daemon::poll(timeout, POLL, cond)
+}
+
+/// A running `systemd --user` manager in its own mount namespace and cgroups.
+///
+/// Create and drop it on the same thread: the manager gets SIGTERM when the
+/// thread that started it ends (`PR_SET_PDEATHSIG`), so that a killed test
+/// process does not leave it behind.
+pub struct Manager {
+    work: PathBuf,
+    name: String,
+    pid: u32,
+    child: Option<Child>,
+    /// `mnt:[inode]` of the manager's namespace.
+    mnt_ns: String,
+    cgroups: Vec<PathBuf>,
+    console: Option<Console>,
+    host_had_marker: bool,
+    created_run_systemd: bool,
+    foreign_before: HashMap<u32, (String, String)>,
+    // Dropped last: the next manager may start only after the cleanup.
+    _lock: FileLock,
+}
+
+impl Manager {
+    /// Starts a manager, or prints `skipping: <why>` and returns `None` when
+    /// this machine cannot run one. Panics when set-up fails for another
+    /// reason (the environment claims to support it but does not).
+    pub fn start() -> Option<Manager> {
+        if let Some(why) = skip_reason() {
+            println!("skipping: {why}");
+            return None;
+        }
+        let lock = FileLock::acquire(Path::new(LOCK_FILE));
+        sweep_stale();
+
+        let host_had_marker = Path::new(MARKER).exists();
+        let created_run_systemd = !Path::new("/run/systemd").exists();
+        if created_run_systemd {
+            fs::create_dir_all("/run/systemd").expect("create /run/systemd");
+        }
+
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!(
+            "{PREFIX}{}-{}-{nanos:x}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        fs::create_dir_all(WORK_BASE).expect("create the work base dir");
+        let work = Path::new(WORK_BASE).join(&name);
+        fs::create_dir(&work).unwrap_or_else(|e| panic!("create {}: {e}", work.display()));
+        // From here on, Drop cleans up whatever happens.
+        let mut m = Manager {
+            work,
+            name,
+            pid: 0,
+            child: None,
+            mnt_ns: String::new(),
+            cgroups: Vec::new(),
+            console: None,
+            host_had_marker,
+            created_run_systemd,
+            foreign_before: HashMap::new(),
+            _lock: lock,
+        };
+        fs::set_permissions(&m.work, fs::Permissions::from_mode(0o755)).unwrap();
+        for d in ["run", "config", "data", "state", "cache", "home", "units"] {
+            fs::create_dir(m.work.join(d)).unwrap();
+        }
+        write_minimal_units(&m.work.join("units"));
+        for root in cgroup_roots() {
+            let dir = root.join(&m.name);
+            fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+            m.cgroups.push(dir);
+        }
+        m.foreign_before = foreign_cgroups(&m.name);
+        let console = Console::open(&m.work.join("manager.log"));
+        let console = match console {
+            Ok(c) => Some(c),
+            Err(e) => {
+                // Without a tty console the manager would log nowhere useful;
+                // --log-target=null below keeps it off the real console.
+                eprintln!("systemd harness: no pty for the manager log ({e}), logging to null");
+                None
+            }
+        };
+        m.console = console;
+        m.spawn_manager();
+        m.wait_until_running();
+        Some(m)
+    }
+
+    /// The run's private directory on the host (sockets, logs, configs).
+    pub fn work_dir(&self) -> &Path {
+        &self.work
+    }
+
+    /// The manager's pid (also the target for `nsenter`).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Writes several unit files, then reloads the manager once.
+    pub fn install_units(&self, units: &[(&str, &str)]) {
+        for (name, contents) in units {
+            assert!(!name.contains('/'), "unit name {name:?}");
+            let path = self.work.join("units").join(name);
+            let tmp = path.with_extension("tmp~");
+            fs::write(&tmp, contents).unwrap();
+            fs::rename(&tmp, &path).unwrap();
+        }
+        self.systemctl_ok(&["daemon-reload"]);
+    }
+
+    /// Runs `systemctl --user ARGS` inside the manager's mount namespace.
+    pub fn systemctl(&self, args: &[&str]) -> Output {
+        Command::new("nsenter")
+            .arg("--mount")
+            .arg(format!("--target={}", self.pid))
+            .args(["--", "timeout", "-k", "5", SYSTEMCTL_TIMEOUT, "systemctl"])
+            .args(["--user", "--no-pager", "--no-ask-password"])
+            .args(args)
+            .env_clear()
+            .envs(self.client_env())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run nsenter/systemctl")
+    }
+
+    /// Like [`Manager::systemctl`] but panics (with the manager log) unless it
+    /// succeeds; returns stdout.
+    pub fn systemctl_ok(&self, args: &[&str]) -> String {
+        let out = self.systemctl(args);
+        if !out.status.success() {
+            panic!(
+                "systemctl --user {} failed ({}):\nstdout: {}\nstderr: {}\n{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.describe_failure(),
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// One property of a unit (`systemctl show -p PROP --value UNIT`).
+    pub fn show(&self, unit: &str, property: &str) -> String {
+        let p = format!("--property={property}");
+        self.systemctl_ok(&["show", &p, "--value", unit])
+            .trim_end_matches('\n')
+            .to_string()
+    }
+
+    /// Several properties of a unit in one call.
+    pub fn show_all(&self, unit: &str, properties: &[&str]) -> HashMap<String, String> {
+        let mut args = vec!["show".to_string()];
+        args.extend(properties.iter().map(|p| format!("--property={p}")));
+        args.push(unit.to_string());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.systemctl_ok(&args)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Polls `cond` until it holds; panics with `what` and the logs after
+    /// `timeout`.
+    pub fn wait_for(&self, what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+        if !poll_until(timeout, cond) {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}",
+                self.describe_failure()
+            );
+        }
+    }
+
+    /// Waits until `unit`'s `property` equals `value`.
+    pub fn wait_property(&self, unit: &str, property: &str, value: &str, timeout: Duration) {
+        let mut last = String::new();
+        if !poll_until(timeout, || {
+            last = self.show(unit, property);
+            last == value
+        }) {
+            panic!(
+                "timed out after {timeout:?} waiting for {unit} {property}={value} (last: {last:?})\n{}",
+                self.describe_failure()
+            );
+        }
+    }
+
+    /// Tails of the manager log and of every `*.log`/`*.out` file in the work
+    /// dir, for failure messages.
+    pub fn describe_failure(&self) -> String {
+        let mut s = String::new();
+        let mut files: Vec<PathBuf> = fs::read_dir(&self.work)
+            .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.sort();
+        for f in files {
+            let ext = f.extension().and_then(OsStr::to_str).unwrap_or("");
+            if ext != "log" && ext != "out" {
+                continue;
+            }
+            let text = fs::read_to_string(&f).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            s.push_str(&format!(
+                "---- {} (last {} lines)\n{}\n",
+                f.display(),
+                tail.len(),
+                tail.join("\n")
+            ));
+        }
+        s
+    }
+
+    pub fn client_env(&self) -> Vec<(String, String)> {
+        let w = |d: &str| self.work.join(d).display().to_string();
+        vec![
+            ("PATH".into(), PATH_ENV.into()),
+            ("HOME".into(), w("home")),
+            ("XDG_RUNTIME_DIR".into(), w("run")),
+            ("XDG_CONFIG_HOME".into(), w("config")),
+            ("XDG_DATA_HOME".into(), w("data")),
+            ("XDG_STATE_HOME".into(), w("state")),
+            ("XDG_CACHE_HOME".into(), w("cache")),
+            ("SYSTEMD_UNIT_PATH".into(), w("units")),
+            ("SYSTEMD_PAGER".into(), "cat".into()),
+            ("SYSTEMD_COLORS".into(), "0".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ]
+    }
+
+    fn spawn_manager(&mut self) {
+        let c = |s: &str| CString::new(s).unwrap();
+        let cpath = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
+        let procs: Vec<CString> = self
+            .cgroups
+            .iter()
+            .map(|d| cpath(&d.join("cgroup.procs")))
+            .collect();
+        let runtime = cpath(&self.work.join("run"));
+        let pts = self.console.as_ref().map(|con| cpath(&con.pts));
+        let (source, tmpfs) = (c(MOUNT_SOURCE), c("tmpfs"));
+        let (run_systemd, marker) = (c("/run/systemd"), c(MARKER));
+        let (run_opts, rt_opts) = (c("mode=0755,size=64m"), c("mode=0700,size=64m"));
+        let (root, console, run) = (c("/"), c("/dev/console"), c("/run"));
+        let inaccessible = c("/run/systemd/inaccessible");
+        let nodes: Vec<(CString, libc::mode_t)> = [
+            ("reg", libc::S_IFREG),
+            ("dir", libc::S_IFDIR),
+            ("fifo", libc::S_IFIFO),
+            ("sock", libc::S_IFSOCK),
+            ("chr", libc::S_IFCHR),
+            ("blk", libc::S_IFBLK),
+        ]
+        .iter()
+        .map(|(n, m)| (c(&format!("/run/systemd/inaccessible/{n}")), *m))
+        .collect();
+
+        let level = std::env::var("PLEXUS_SYSTEMD_LOG_LEVEL").unwrap_or_else(|_| "info".into());
+        let target = if pts.is_some() { "console" } else { "null" };
+        let out = File::create(self.work.join("manager.out")).unwrap();
+        let mut cmd = Command::new(SYSTEMD_BIN);
+        cmd.arg("--user")
+            .arg(format!("--log-target={target}"))
+            .arg(format!("--log-level={level}"))
+            .arg("--log-color=no")
+            .env_clear()
+            .envs(self.client_env())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out);
+        // SAFETY: the closure runs between fork and exec and only makes raw
+        // system calls on memory prepared above (no allocation, no locks).
+        unsafe {
+            cmd.pre_exec(move || {
+                let err = io::Error::last_os_error;
+                let null = std::ptr::null::<libc::c_char>();
+                if libc::setsid() < 0 {
+                    return Err(err());
+                }
+                // The test thread owns the manager: if it dies, so does this.
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGTERM as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                );
+                for p in &procs {
+                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(err());
+                    }
+                    // "0" = the writing process, in cgroup v1 and v2.
+                    let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    let e = err();
+                    libc::close(fd);
+                    if n != 1 {
+                        return Err(e);
+                    }
+                }
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return Err(err());
+                }
+                let private = libc::MS_REC | libc::MS_PRIVATE;
+                if libc::mount(null, root.as_ptr(), null, private, std::ptr::null()) != 0 {
+                    return Err(err());
+                }
+                // On real hosts /run is a mount point (a tmpfs). Here it may be
+                // a plain directory, and then MountAPIVFS= (implied by
+                // ProtectControlGroups=) hides it under an empty tmpfs. A bind
+                // mount onto itself keeps the host's /run contents visible.
+                let bind = libc::MS_BIND | libc::MS_REC;
+                if libc::mount(run.as_ptr(), run.as_ptr(), null, bind, std::ptr::null()) != 0 {
+                    return Err(err());
+                }
+                let flags = libc::MS_NOSUID | libc::MS_NODEV;
+                let tmp = |target: &CString, opts: &CString| {
+                    libc::mount(
+                        source.as_ptr(),
+                        target.as_ptr(),
+                        tmpfs.as_ptr(),
+                        flags,
+                        opts.as_ptr().cast(),
+                    )
+                };
+                if tmp(&run_systemd, &run_opts) != 0 {
+                    return Err(err());
+                }
+                if libc::mkdir(marker.as_ptr(), 0o755) != 0 {
+                    return Err(err());
+                }
+                // What PID 1 creates at boot: the nodes that sandboxing options
+                // (ProtectKernelLogs=, InaccessiblePaths=, ...) bind-mount over
+                // hidden paths.
+                if libc::mkdir(inaccessible.as_ptr(), 0o755) != 0 {
+                    return Err(err());
+                }
+                for (path, mode) in &nodes {
+                    let r = if *mode == libc::S_IFDIR {
+                        libc::mkdir(path.as_ptr(), 0)
+                    } else {
+                        libc::mknod(path.as_ptr(), *mode, libc::makedev(0, 0))
+                    };
+                    if r != 0 {
+                        return Err(err());
+                    }
+                }
+                if tmp(&runtime, &rt_opts) != 0 {
+                    return Err(err());
+                }
+                if let Some(pts) = &pts {
+                    let bind = libc::MS_BIND;
+                    if libc::mount(pts.as_ptr(), console.as_ptr(), null, bind, std::ptr::null())
+                        != 0
+                    {
+                        return Err(err());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap_or_else(|e| {
+            panic!(
+                "starting {SYSTEMD_BIN} (cgroup move, namespace or mounts failed): {e}\n{}",
+                self.describe_failure()
+            )
+        });
+        self.pid = child.id();
+        self.child = Some(child);
+        self.mnt_ns = fs::read_link(format!("/proc/{}/ns/mnt", self.pid))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let own = fs::read_link("/proc/self/ns/mnt").map(|p| p.display().to_string());
+        assert!(
+            !self.mnt_ns.is_empty() && Ok(&self.mnt_ns) != own.as_ref().map_err(|_| ()),
+            "the manager did not get its own mount namespace ({})",
+            self.mnt_ns
+        );
+    }
+
+    fn manager_alive(&mut self) -> bool {
+        match self.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(None)) => true,
+            Some(Ok(Some(_))) | Some(Err(_)) | None => false,
+        }
+    }
+
+    fn wait_until_running(&mut self) {
+        // The private bus socket lives in the namespace-only tmpfs: look at it
+        // through the manager's root.
+        let private = PathBuf::from(format!("/proc/{}/root", self.pid)).join(
+            self.work
+                .join("run/systemd/private")
+                .strip_prefix("/")
+                .unwrap(),
+        );
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut state = String::new();
+        loop {
+            if !self.manager_alive() {
+                panic!(
+                    "the manager exited during start-up\n{}",
+                    self.describe_failure()
+                );
+            }
+            let up = fs::metadata(&private)
+                .map(|m| m.file_type().is_socket())
+                .unwrap_or(false);
+            if up {
+                let out = self.systemctl(&["is-system-running"]);
+                state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                if state == "running" || state == "degraded" {
+                    return;
+                }
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "the manager did not reach running within {START_TIMEOUT:?} (state {state:?})\n{}",
+                    self.describe_failure()
+                );
+            }
+            thread::sleep(POLL);
+        }
+    }
+
+    /// Stops the manager and removes every trace; returns what went wrong.
+    fn teardown(&mut self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.manager_alive() {
+            let out = self.systemctl(&["exit"]);
+            if !out.status.success() && self.manager_alive() {
+                problems.push(format!(
+                    "`systemctl --user exit` failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+                unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+            }
+            let alive = !poll_until(EXIT_TIMEOUT, || !self.manager_alive());
+            if alive {
+                problems.push(format!(
+                    "manager {} still alive {EXIT_TIMEOUT:?} after the exit request",
+                    self.pid
+                ));
+                unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+                if let Some(c) = self.child.as_mut() {
+                    let _ = c.wait();
+                }
+            }
+        }
+        // Anything left in our cgroups or our mount namespace is ours.
+        let ours_left = || {
+            let mut left = cgroup_pids(&self.cgroups);
+            if !self.mnt_ns.is_empty() {
+                left.extend(pids_in_mount_ns(&self.mnt_ns));
+            }
+            left.remove(&std::process::id());
+            left
+        };
+        // The manager SIGKILLs what is left of its units as it exits; on a
+        // loaded machine those processes may take a moment to be gone.
+        // Only what outlives that is reported.
+        poll_until(Duration::from_secs(3), || ours_left().is_empty());
+        let mut reported = false;
+        let clean = poll_until(Duration::from_secs(10), || {
+            let left = ours_left();
+            if left.is_empty() {
+                return true;
+            }
+            if !reported {
+                reported = true;
+                problems.push(format!("processes left after the manager exited: {left:?}"));
+            }
+            for pid in left {
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            false
+        });
+        if !clean {
+            problems.push("could not kill the processes left behind".into());
+        }
+        for dir in &self.cgroups {
+            if let Err(e) = remove_cgroup_tree(dir) {
+                problems.push(format!("could not remove cgroup {}: {e}", dir.display()));
+            }
+        }
+        if let Some(console) = self.console.take() {
+            console.close();
+        }
+        // Host checks.
+        if !self.host_had_marker && Path::new(MARKER).exists() {
+            problems.push(format!("{MARKER} exists on the host"));
+        }
+        if self.created_run_systemd {
+            let _ = fs::remove_dir("/run/systemd");
+        }
+        let work = self.work.display().to_string();
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for line in mountinfo.lines() {
+            if line.contains(&work)
+                || line
+                    .split(" - ")
+                    .nth(1)
+                    .is_some_and(|r| r.contains(MOUNT_SOURCE))
+            {
+                problems.push(format!("harness mount visible on the host: {line}"));
+            }
+        }
+        for (pid, (start, cg_after)) in foreign_cgroups(&self.name) {
+            if let Some((start_before, cg_before)) = self.foreign_before.get(&pid) {
+                if *start_before == start && *cg_before != cg_after && looks_systemd_made(&cg_after)
+                {
+                    problems.push(format!(
+                        "foreign process {pid} moved between cgroups: {cg_before:?} -> {cg_after:?}"
+                    ));
+                }
+            }
+        }
+        problems
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        let failed = thread::panicking();
+        if failed {
+            eprintln!(
+                "systemd harness: test failed; manager {} work dir {}\n{}",
+                self.pid,
+                self.work.display(),
+                self.describe_failure()
+            );
+        }
+        let problems = self.teardown();
+        let keep = std::env::var("PLEXUS_SYSTEMD_KEEP").as_deref() == Ok("1");
+        if keep {
+            let _ = fs::write(self.work.join("KEEP"), "");
+            eprintln!("systemd harness: work dir kept: {}", self.work.display());
+        } else if let Err(e) = fs::remove_dir_all(&self.work) {
+            eprintln!(
+                "systemd harness: could not remove {}: {e}",
+                self.work.display()
+            );
+        }
+        // Only managers (serialised by the lock we still hold) use the base.
+        let _ = fs::remove_dir(WORK_BASE);
+        if !problems.is_empty() {
+            let msg = format!(
+                "systemd harness teardown problems:\n  {}",
+                problems.join("\n  ")
+            );
+            if failed {
+                eprintln!("{msg}");
+            } else {
+                panic!("{msg}");
+            }
+        }
+    }
+}
+
+/// Runs `systemd-analyze ARGS` in a throw-away mount namespace with a tmpfs
+/// over /run/systemd, so that its side effects (`/run/systemd/systemd-units-load`)
+/// never reach the host. `None` (after printing why) when it cannot run here.
+pub fn analyze_offline(args: &[&str]) -> Option<Output> {
+    if let Some(why) = skip_reason() {
+        println!("skipping: {why}");
+        return None;
+    }
+    assert!(
+        Path::new("/run/systemd").is_dir(),
+        "/run/systemd is missing on the host; cannot mount over it"
+    );
+    let script =
+        format!("mount -t tmpfs -o mode=0755,size=16m {MOUNT_SOURCE} /run/systemd && exec \"$@\"");
+    let out = Command::new("timeout")
+        .args([
+            "-k",
+            "5",
+            "60",
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+        ])
+        .args(["/bin/sh", "-c", &script, "sh", "systemd-analyze"])
+        .args(args)
+        .env("SYSTEMD_PAGER", "cat")
+        .env("SYSTEMD_COLORS", "0")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run unshare/systemd-analyze");
+    Some(out)
+}
+
+/// A fresh scratch directory under /tmp named after this process, removed on
+/// drop (for tests that need files but no manager).
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new(tag: &str) -> ScratchDir {
+        let dir = Path::new("/tmp").join(format!(
+            "{PREFIX}{}-{}-{tag}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir(&dir).unwrap();
+        ScratchDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// helpers
+
+fn is_executable(p: &Path) -> bool {
+    fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+fn find_in_path(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_else(|_| PATH_ENV.into());
+    path.split(':')
+        .chain(PATH_ENV.split(':'))
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| is_executable(p))
+}
+
+/// Cgroup hierarchies the manager must be placed in: `systemd` (named v1) and
+/// `unified` on hybrid hosts, the root on pure cgroup v2.
+fn cgroup_roots() -> Vec<PathBuf> {
+    let base = Path::new("/sys/fs/cgroup");
+    if base.join("cgroup.controllers").exists() {
+        return vec![base.to_path_buf()];
+    }
+    let mut roots = Vec::new();
+    if base.join("systemd/cgroup.procs").exists() {
+        roots.push(base.join("systemd"));
+    }
+    if base.join("unified/cgroup.controllers").exists() {
+        roots.push(base.join("unified"));
+    }
+    roots
+}
+
+fn cgroup_pids(dirs: &[PathBuf]) -> BTreeSet<u32> {
+    fn walk(dir: &Path, out: &mut BTreeSet<u32>) {
+        if let Ok(s) = fs::read_to_string(dir.join("cgroup.procs")) {
+            out.extend(s.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+        if let Ok(rd) = fs::read_dir(dir) {
+            for e in rd.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    walk(&e.path(), out);
+                }
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    for d in dirs {
+        walk(d, &mut out);
+    }
+    out
+}
+
+/// rmdir a cgroup and its children, deepest first.
+fn remove_cgroup_tree(dir: &Path) -> io::Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    for e in fs::read_dir(dir)?.flatten() {
+        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            remove_cgroup_tree(&e.path())?;
+        }
+    }
+    // A cgroup whose last process just died can be busy for a moment.
+    let mut last = Ok(());
+    poll_until(Duration::from_secs(5), || {
+        last = fs::remove_dir(dir);
+        last.is_ok() || !dir.exists()
+    });
+    if dir.exists() {
+        last
+    } else {
+        Ok(())
+    }
+}
+
+fn proc_pids() -> Vec<u32> {
+    fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn pids_in_mount_ns(ns: &str) -> BTreeSet<u32> {
+    proc_pids()
+        .into_iter()
+        .filter(|pid| {
+            fs::read_link(format!("/proc/{pid}/ns/mnt"))
+                .map(|p| p.as_os_str() == OsStr::new(ns))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// pid -> (start time, /proc/pid/cgroup) of every process not in our run.
+fn foreign_cgroups(name: &str) -> HashMap<u32, (String, String)> {
+    let mut map = HashMap::new();
+    for pid in proc_pids() {
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Ok(cg) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            continue;
+        };
+        if cg.contains(name) {
+            continue;
+        }
+        // Field 22 (starttime), counted after the parenthesised comm.
+        let start = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+            .unwrap_or("")
+            .to_string();
+        map.insert(pid, (start, cg));
+    }
+    map
+}
+
+/// A cgroup path as a systemd manager would create it.
+fn looks_systemd_made(cgroups: &str) -> bool {
+    cgroups.lines().any(|l| {
+        let path = l.splitn(3, ':').nth(2).unwrap_or("");
+        [".scope", ".slice", ".service", ".socket"]
+            .iter()
+            .any(|s| path.ends_with(s))
+    })
+}
+
+/// Removes leftovers of test processes that died without cleaning up. Only
+/// called under the lock, so no live manager of ours can be affected.
+fn sweep_stale() {
+    let stale_pid = |name: &str| -> bool {
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            return false;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            return false;
+        };
+        pid != std::process::id() as i32
+            && unsafe { libc::kill(pid, 0) } != 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    };
+    for root in cgroup_roots() {
+        let Ok(rd) = fs::read_dir(&root) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(PREFIX) {
+                continue;
+            }
+            // Under the lock every harness cgroup is stale, whoever made it.
+            let dir = e.path();
+            eprintln!("systemd harness: removing stale cgroup {}", dir.display());
+            poll_until(Duration::from_secs(5), || {
+                let pids = cgroup_pids(std::slice::from_ref(&dir));
+                for pid in &pids {
+                    unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+                }
+                pids.is_empty()
+            });
+            let _ = remove_cgroup_tree(&dir);
+        }
+    }
+    for base in [WORK_BASE, "/tmp"] {
+        let Ok(rd) = fs::read_dir(base) else { continue };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if stale_pid(&name) && !e.path().join("KEEP").exists() && e.path().is_dir() {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+fn write_minimal_units(dir: &Path) {
+    let units = [
+        (
+            "default.target",
+            "[Unit]\nDescription=plexus test default target\n",
+        ),
+        ("basic.target", "[Unit]\nDescription=Basic System\n"),
+        ("sockets.target", "[Unit]\nDescription=Sockets\n"),
+        (
+            "shutdown.target",
+            "[Unit]\nDescription=Shutdown\nDefaultDependencies=no\nRefuseManualStart=yes\n",
+        ),
+        (
+            "systemd-exit.service",
+            "[Unit]\nDescription=Exit the manager\nDefaultDependencies=no\n\
+             Requires=shutdown.target\nAfter=shutdown.target\nSuccessAction=exit-force\n\n\
+             [Service]\nSlice=-.slice\n",
+        ),
+        (
+            "exit.target",
+            "[Unit]\nDescription=Exit the manager\nDefaultDependencies=no\n\
+             Requires=systemd-exit.service\nAfter=systemd-exit.service\nAllowIsolate=yes\n",
+        ),
+    ];
+    for (name, text) in units {
+        fs::write(dir.join(name), text).unwrap();
+    }
+}
+
+/// A pty whose slave side serves as the manager's /dev/console; a thread
+/// copies everything written to it into a log file.
+struct Console {
+    pts: PathBuf,
+    slave: File,
+    reader: JoinHandle<()>,
+}
+
+impl Console {
+    fn open(log: &Path) -> io::Result<Console> {
+        let master = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open("/dev/ptmx")?;
+        let mut buf = [0 as libc::c_char; 128];
+        unsafe {
+            if libc::grantpt(master.as_raw_fd()) != 0 || libc::unlockpt(master.as_raw_fd()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let rc = libc::ptsname_r(master.as_raw_fd(), buf.as_mut_ptr(), buf.len());
+            if rc != 0 {
+                return Err(io::Error::from_raw_os_error(rc));
+            }
+        }
+        let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        let pts = PathBuf::from(OsStr::from_bytes(name.to_bytes()));
+        // Held open until teardown: with no slave open, reads on the master
+        // fail with EIO and the copier would stop too early.
+        let slave = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open(&pts)?;
+        let mut out = File::create(log)?;
+        let mut master = master;
+        let reader = thread::Builder::new()
+            .name("systemd-console".into())
+            .spawn(move || {
+                let mut buf = [0u8; 16384];
+                loop {
+                    match master.read(&mut buf) {
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            let text: Vec<u8> =
+                                buf[..n].iter().copied().filter(|&b| b != b'\r').collect();
+                            let _ = out.write_all(&text);
+                        }
+                    }
+                }
+            })?;
+        Ok(Console { pts, slave, reader })
+    }
+
+    fn close(self) {
+        drop(self.slave);
+        // Every other slave holder is gone by now; the read fails with EIO.
+        if poll_until(Duration::from_secs(5), || self.reader.is_finished()) {
+            let _ = self.reader.join();
+        } else {
+            eprintln!("systemd harness: console reader did not finish");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The repository's plexus units, adapted to a manager's work dir
+
+pub const SOCKET_UNIT: &str = "plexusd.socket";
+pub const SERVICE_UNIT: &str = "plexusd.service";
+const REPO_SOCKET_PATH: &str = "/run/plexus/plexus.sock";
+const REPO_EXEC_START: &str = "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json";
+
+fn repo_unit(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("systemd")
+        .join(name);
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+fn replace_once(text: &str, from: &str, to: &str, unit: &str) -> String {
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "{unit} no longer contains exactly one {from:?}; update the substitutions in \
+         tests/integration/support/systemd.rs"
+    );
+    text.replacen(from, to, 1)
+}
+
+/// Inserts `lines` right after the `[section]` header.
+fn add_to_section(text: &str, section: &str, lines: &str, unit: &str) -> String {
+    let header = format!("[{section}]\n");
+    replace_once(text, &header, &format!("{header}{lines}"), unit)
+}
+
+/// The repository's units ([`SOCKET_UNIT`], [`SERVICE_UNIT`]) with only the
+/// paths substituted: the socket node and the config in `work`, ExecStart a
+/// copy of the built plexusd. With `for_manager`, output goes to
+/// `<work>/plexusd.log` (there is no journald) and the start rate limit is
+/// off (tests and the bench restart on purpose).
+pub fn plexus_units(work: &Path, for_manager: bool) -> (String, String) {
+    let sock = work.join("sock/plexus.sock");
+    let socket = replace_once(
+        &repo_unit(SOCKET_UNIT),
+        REPO_SOCKET_PATH,
+        sock.to_str().unwrap(),
+        SOCKET_UNIT,
+    );
+    // The unit runs with PrivateTmp=yes: a binary built under /tmp (a
+    // checkout there) would be invisible to it, so run a copy from the
+    // work dir, which is outside /tmp.
+    let bin = work.join("plexusd");
+    fs::copy(super::daemon::PLEXUSD, &bin).expect("copy plexusd into the work dir");
+    let exec = format!(
+        "ExecStart={} --config {}",
+        bin.display(),
+        work.join("daemon-config.json").display()
+    );
+    let mut service = replace_once(
+        &repo_unit(SERVICE_UNIT),
+        REPO_EXEC_START,
+        &exec,
+        SERVICE_UNIT,
+    );
+    if for_manager {
+        let log = work.join("plexusd.log");
+        service = add_to_section(&service, "Unit", "StartLimitIntervalSec=0\n", SERVICE_UNIT);
+        let output = format!(
+            "StandardOutput=append:{0}\nStandardError=append:{0}\n",
+            log.display()
+        );
+        service = add_to_section(&service, "Service", &output, SERVICE_UNIT);
+    }
+    (socket, service)
+}
+
+/// Asserts that `systemd-analyze verify` accepts `files` (unit files) and
+/// prints nothing; does nothing where systemd-analyze cannot run.
+pub fn assert_verifies(files: &[&str]) {
+    let mut args = vec!["verify", "--man=no"];
+    args.extend_from_slice(files);
+    let Some(out) = analyze_offline(&args) else {
+        return;
+    };
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && printed.trim().is_empty(),
+        "systemd-analyze verify ({}) printed:\n{printed}",
+        out.status
+    );
+}

@@ -1,0 +1,555 @@
+//! The shipped unit files (systemd/plexusd.socket, systemd/plexusd.service)
+//! under a real systemd manager, with the built plexusd.
+//!
+//! Needs root; skips otherwise (or with PLEXUS_SYSTEMD_TESTS=0). Run alone
+//! with `cargo test --test integration systemd_units:: -- --test-threads=1`
+//! (managers are serialised by the harness anyway).
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::support::http::{self, Response};
+use crate::support::systemd::{
+    analyze_offline, assert_verifies, plexus_units, skip_reason, Manager, ScratchDir,
+    SERVICE_UNIT as SERVICE, SOCKET_UNIT as SOCKET,
+};
+
+const STATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A manager with the plexus units installed and `config` (merged over the
+/// default `socketDir`/`logLevel`) as daemon-config.json.
+struct Plexus {
+    m: Manager,
+    sock: PathBuf,
+}
+
+impl Plexus {
+    fn start(config: serde_json::Value) -> Option<Plexus> {
+        let m = Manager::start()?;
+        let work = m.work_dir().to_path_buf();
+        let mut cfg = serde_json::json!({
+            "socketDir": work.join("sock"),
+            "logLevel": "debug",
+            // plexusd creates its stateDir at start: one the unit may write.
+            "stateDir": work.join("state/plexus"),
+        });
+        for (k, v) in config.as_object().expect("config object") {
+            cfg[k] = v.clone();
+        }
+        std::fs::write(
+            work.join("daemon-config.json"),
+            serde_json::to_vec_pretty(&cfg).unwrap(),
+        )
+        .unwrap();
+        let (socket, service) = plexus_units(&work, true);
+        m.install_units(&[(SOCKET, &socket), (SERVICE, &service)]);
+        Some(Plexus {
+            sock: work.join("sock/plexus.sock"),
+            m,
+        })
+    }
+
+    fn get(&self, path: &str) -> io::Result<Response> {
+        http::request(&self.sock, "GET", path, b"")
+    }
+
+    /// `GET path`, which must answer 200.
+    fn get_ok(&self, path: &str) -> Response {
+        match self.get(path) {
+            Ok(r) if r.status == 200 => r,
+            other => panic!("GET {path}: {other:?}\n{}", self.m.describe_failure()),
+        }
+    }
+
+    /// Makes `conflist` the cluster network, its plugins searched in
+    /// `bin_dir`, with the records in the unit's StateDirectory= (under the
+    /// user manager: XDG_STATE_HOME), and starts the socket. Returns the
+    /// attachment records' directory.
+    fn serve_network(&self, conflist: serde_json::Value, bin_dir: &Path) -> PathBuf {
+        let work = self.m.work_dir();
+        let conf = work.join("net.d");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::write(conf.join("10-net.conflist"), conflist.to_string()).unwrap();
+        let path = work.join("daemon-config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        cfg["confDir"] = serde_json::json!(conf);
+        cfg["binDir"] = serde_json::json!(bin_dir);
+        cfg["stateDir"] = serde_json::json!(work.join("state/plexus"));
+        cfg["clusterNetwork"] = conflist["name"].clone();
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        self.m.systemctl_ok(&["start", SOCKET]);
+        work.join("state/plexus/attachments")
+    }
+
+    /// The environment and stdin of a plexus-shim call `cmd` for container
+    /// `id` in the network namespace at `netns`, as `eth0`.
+    fn shim_call(&self, cmd: &str, id: &str, netns: &str) -> (Vec<(String, String)>, Vec<u8>) {
+        let env = [
+            ("CNI_COMMAND", cmd),
+            ("CNI_CONTAINERID", id),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", "IgnoreUnknown=1"),
+            ("CNI_PATH", "/usr/lib/cni"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let stdin = serde_json::json!({
+            "cniVersion": "1.0.0", "name": "plexus", "type": "plexus-shim",
+            "daemonSocketDir": self.sock.parent().unwrap(),
+        });
+        (env, stdin.to_string().into_bytes())
+    }
+
+    fn main_pid(&self) -> u32 {
+        self.m.show(SERVICE, "MainPID").parse().unwrap()
+    }
+
+    fn wait_active(&self) -> u32 {
+        self.m
+            .wait_property(SERVICE, "ActiveState", "active", STATE_TIMEOUT);
+        let pid = self.main_pid();
+        assert_ne!(pid, 0, "active plexusd.service without a MainPID");
+        pid
+    }
+}
+
+#[test]
+fn socket_first_request_activates_service() {
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    p.m.systemctl_ok(&["start", SOCKET]);
+    assert_eq!(p.m.show(SOCKET, "SubState"), "listening");
+
+    let meta = std::fs::metadata(&p.sock)
+        .unwrap_or_else(|e| panic!("socket node {}: {e}", p.sock.display()));
+    assert!(
+        meta.file_type().is_socket(),
+        "{} is not a socket",
+        p.sock.display()
+    );
+    assert_eq!(
+        meta.permissions().mode() & 0o7777,
+        0o600,
+        "SocketMode=0600 not applied"
+    );
+    assert_eq!((meta.uid(), meta.gid()), (0, 0), "SocketUser/Group=root");
+    let dir = std::fs::metadata(p.sock.parent().unwrap()).unwrap();
+    assert_eq!(
+        dir.permissions().mode() & 0o7777,
+        0o700,
+        "DirectoryMode=0700 not applied"
+    );
+    assert_eq!(p.m.show(SERVICE, "ActiveState"), "inactive");
+    assert_eq!(p.main_pid(), 0);
+
+    let r = p.get_ok("/healthz");
+    println!("first GET /healthz: {} {:?}", r.status, r.body_str());
+    let pid = p.wait_active();
+    println!("activated plexusd MainPID {pid}");
+
+    let mut status = String::new();
+    let serving = crate::support::systemd::poll_until(STATE_TIMEOUT, || {
+        status = p.m.show(SERVICE, "StatusText");
+        status.starts_with("serving")
+    });
+    assert!(
+        serving,
+        "StatusText {status:?} does not start with \"serving\"\n{}",
+        p.m.describe_failure()
+    );
+    println!("StatusText: {status}");
+    assert_eq!(p.get_ok("/readyz").status, 200);
+    assert_eq!(
+        p.main_pid(),
+        pid,
+        "a second request must not start another process"
+    );
+}
+
+#[test]
+fn service_invalid_config_fails_without_restart() {
+    let Some(p) = Plexus::start(serde_json::json!({ "connectionLimit": 0 })) else {
+        return;
+    };
+    p.m.systemctl_ok(&["start", SOCKET]);
+    let out = p.m.systemctl(&["start", SERVICE]);
+    assert!(
+        !out.status.success(),
+        "starting plexusd with an invalid config succeeded\n{}",
+        p.m.describe_failure()
+    );
+    let props = [
+        "ActiveState",
+        "SubState",
+        "Result",
+        "ExecMainCode",
+        "ExecMainStatus",
+        "NRestarts",
+        "ActiveEnterTimestampMonotonic",
+        "MainPID",
+    ];
+    let s = p.m.show_all(SERVICE, &props);
+    println!("after the failed start: {s:?}");
+    // A unit scheduled for a restart would be activating/auto-restart here.
+    assert_eq!(
+        s["ActiveState"],
+        "failed",
+        "{s:?}\n{}",
+        p.m.describe_failure()
+    );
+    assert_eq!(s["SubState"], "failed", "{s:?}");
+    assert_eq!(s["Result"], "exit-code", "{s:?}");
+    assert_eq!(
+        s["ExecMainCode"], "1",
+        "main process did not exit normally: {s:?}"
+    );
+    assert_eq!(s["ExecMainStatus"], "78", "{s:?}");
+    assert_eq!(
+        s["NRestarts"], "0",
+        "RestartPreventExitStatus=78 ignored: {s:?}"
+    );
+    assert_eq!(
+        s["ActiveEnterTimestampMonotonic"], "0",
+        "it became active: {s:?}"
+    );
+    assert_eq!(s["MainPID"], "0", "{s:?}");
+    // The socket unit itself stays usable for the next (fixed) start.
+    assert_eq!(p.m.show(SOCKET, "ActiveState"), "active");
+}
+
+#[test]
+fn service_restarts_under_load_lose_no_request() {
+    const CLIENTS: usize = 4;
+    const RESTARTS: usize = 5;
+    const MIN_REQUESTS: usize = 500;
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    p.m.systemctl_ok(&["start", SOCKET]);
+    p.get_ok("/healthz");
+    let mut pids = vec![p.wait_active()];
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (stop, total, sock) = (stop.clone(), total.clone(), p.sock.clone());
+            thread::spawn(move || {
+                let (mut ok, mut failures, mut worst) = (0usize, Vec::new(), Duration::ZERO);
+                while !stop.load(Ordering::SeqCst) {
+                    let t0 = Instant::now();
+                    let r = http::request(&sock, "GET", "/healthz", b"");
+                    worst = worst.max(t0.elapsed());
+                    match r {
+                        Ok(r) if r.status == 200 => ok += 1,
+                        Ok(r) => failures.push(format!("status {} {:?}", r.status, r.body_str())),
+                        Err(e) => failures.push(e.to_string()),
+                    }
+                    total.fetch_add(1, Ordering::SeqCst);
+                }
+                (ok, failures, worst)
+            })
+        })
+        .collect();
+
+    let progress = |n: usize| {
+        let target = total.load(Ordering::SeqCst) + n;
+        p.m.wait_for(
+            &format!("{target} requests"),
+            Duration::from_secs(30),
+            || total.load(Ordering::SeqCst) >= target,
+        );
+    };
+    let started = Instant::now();
+    for i in 0..RESTARTS {
+        progress(MIN_REQUESTS / (RESTARTS + 1) / 2);
+        let t0 = Instant::now();
+        p.m.systemctl_ok(&["restart", SERVICE]);
+        let pid = p.main_pid();
+        println!(
+            "restart {} after {} requests took {:?} -> MainPID {pid}",
+            i + 1,
+            total.load(Ordering::SeqCst),
+            t0.elapsed()
+        );
+        pids.push(pid);
+    }
+    let remaining = MIN_REQUESTS.saturating_sub(total.load(Ordering::SeqCst));
+    progress(remaining.max(50));
+    stop.store(true, Ordering::SeqCst);
+
+    let (mut ok, mut failures, mut worst) = (0, Vec::new(), Duration::ZERO);
+    for c in clients {
+        let (o, f, w) = c.join().expect("client thread panicked");
+        ok += o;
+        failures.extend(f);
+        worst = worst.max(w);
+    }
+    let requests = ok + failures.len();
+    let distinct: BTreeSet<u32> = pids.iter().copied().filter(|&p| p != 0).collect();
+    println!(
+        "{requests} requests from {CLIENTS} clients in {:?}, {} failed; longest request {} ms; MainPIDs {pids:?}",
+        started.elapsed(),
+        failures.len(),
+        worst.as_millis()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {requests} requests failed, first ones: {:?}\n{}",
+        failures.len(),
+        &failures[..failures.len().min(10)],
+        p.m.describe_failure()
+    );
+    assert!(requests >= MIN_REQUESTS, "only {requests} requests");
+    assert!(
+        distinct.len() > RESTARTS,
+        "MainPID did not change on every restart: {pids:?}"
+    );
+    assert_eq!(
+        p.m.show(SERVICE, "NRestarts"),
+        "0",
+        "restarts were manual only"
+    );
+}
+
+#[test]
+fn service_stop_keeps_socket_listening() {
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    p.m.systemctl_ok(&["start", SOCKET]);
+    let inode = std::fs::metadata(&p.sock).unwrap().ino();
+    p.get_ok("/healthz");
+    let first = p.wait_active();
+
+    let out = p.m.systemctl(&["stop", SERVICE]);
+    assert!(
+        out.status.success(),
+        "stop: {out:?}\n{}",
+        p.m.describe_failure()
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !stderr.trim().is_empty() {
+        println!("systemctl stop said: {}", stderr.trim());
+    }
+    let s = p.m.show_all(
+        SERVICE,
+        &["ActiveState", "Result", "ExecMainStatus", "MainPID"],
+    );
+    assert_eq!(
+        s["ActiveState"],
+        "inactive",
+        "{s:?}\n{}",
+        p.m.describe_failure()
+    );
+    assert_eq!(
+        s["Result"], "success",
+        "plexusd did not exit cleanly on SIGTERM: {s:?}"
+    );
+    assert_eq!(s["MainPID"], "0", "{s:?}");
+    assert_eq!(p.m.show(SOCKET, "SubState"), "listening");
+    let meta = std::fs::metadata(&p.sock).expect("socket node vanished on service stop");
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.ino(), inode, "the socket node was re-created");
+
+    p.get_ok("/healthz");
+    let second = p.wait_active();
+    assert_ne!(second, first, "no new process answered after the stop");
+    println!("MainPID {first} stopped, the next request started {second}");
+}
+
+#[test]
+fn units_offline_analysis_reports_nothing() {
+    if let Some(why) = skip_reason() {
+        println!("skipping: {why}");
+        return;
+    }
+    let side_effect = Path::new("/run/systemd/systemd-units-load");
+    let had_side_effect = side_effect.exists();
+    let scratch = ScratchDir::new("analyze");
+    let dir = scratch.path();
+    let (socket, service) = plexus_units(dir, false);
+    std::fs::write(dir.join(SOCKET), socket).unwrap();
+    std::fs::write(dir.join(SERVICE), service).unwrap();
+    let socket_file = dir.join(SOCKET).display().to_string();
+    let service_file = dir.join(SERVICE).display().to_string();
+
+    if skip_reason().is_some() {
+        return;
+    }
+    assert_verifies(&[&socket_file, &service_file]);
+
+    let out = analyze_offline(&["security", "--offline=yes", "--no-pager", &service_file])
+        .expect("analyze ran once already");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let overall = text
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or("<no overall exposure line>");
+    println!(
+        "systemd-analyze security --offline=yes plexusd.service ({}): {}",
+        out.status,
+        overall.trim()
+    );
+    assert!(
+        text.contains("Overall exposure level"),
+        "systemd-analyze security did not run: {out:?}"
+    );
+    assert!(
+        had_side_effect || !side_effect.exists(),
+        "systemd-analyze left {} on the host",
+        side_effect.display()
+    );
+}
+
+/// The unit's sandbox (read-only file system, reduced capabilities, system
+/// call filter) must still let Debian's plugins do their work: a real
+/// bridge + host-local ADD and DEL through plexus-shim into a network
+/// namespace, with host-local's store in its default place (/var/lib/cni,
+/// one of the unit's ReadWritePaths).
+#[test]
+fn real_plugins_should_work_under_the_unit_sandbox() {
+    use crate::support::netns::{Link, Netns, Subnet};
+    if crate::support::systemd::skip_reason().is_some() {
+        println!("skipping: no private systemd manager here");
+        return;
+    }
+    // Held until /var/lib/cni is as this test found it.
+    let _host = crate::support::lock::host_paths();
+    let made_var_lib_cni = !Path::new("/var/lib/cni").exists();
+    std::fs::create_dir_all("/var/lib/cni").unwrap();
+    let bridge = Link::planned("b");
+    let subnet = Subnet::new();
+    let network = format!("sandbox-{}", bridge.name);
+    let store = PathBuf::from("/var/lib/cni/networks").join(&network);
+    struct Cleanup(PathBuf, bool);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+            if self.1 {
+                let _ = std::fs::remove_dir("/var/lib/cni/networks");
+                let _ = std::fs::remove_dir("/var/lib/cni");
+            }
+        }
+    }
+    let _cleanup = Cleanup(store.clone(), made_var_lib_cni);
+
+    // Before the manager: the harness runs it in a private mount namespace,
+    // which sees the host's mounts (this namespace's bind mount among them)
+    // only as they were when it started. A system manager's services are
+    // mount slaves of the host and see later namespaces too.
+    let ns = Netns::new();
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    let work = p.m.work_dir().to_path_buf();
+    let records = p.serve_network(
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": network,
+            "plugins": [{"type": "bridge", "bridge": bridge.name,
+                         "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet.cidr()}]]}}]
+        }),
+        Path::new("/usr/lib/cni"),
+    );
+    let call = |cmd: &str| {
+        let (env, stdin) = p.shim_call(cmd, "sandboxed-1", &ns.path);
+        crate::support::shim::run(env, &stdin)
+    };
+    let add = call("ADD");
+    assert_eq!(
+        add.code,
+        Some(0),
+        "{add:?}\n{}\n{}",
+        p.m.describe_failure(),
+        std::fs::read_to_string(work.join("plexusd.log")).unwrap_or_default()
+    );
+    let addr = add.json()["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(subnet.holds(&addr), "{addr}");
+    let eth0 = ns.iface("eth0").expect("no eth0 in the namespace");
+    assert!(eth0.has_addr(&addr), "{eth0:?}");
+    assert!(store.join(addr.split('/').next().unwrap()).exists());
+    assert!(records.join("sandboxed-1.json").exists());
+
+    let del = call("DEL");
+    assert_eq!(del.code, Some(0), "{del:?}");
+    assert!(!ns.has_link("eth0"));
+    assert!(!store.join(addr.split('/').next().unwrap()).exists());
+    assert!(!records.join("sandboxed-1.json").exists());
+}
+
+/// A daemon killed by SIGKILL in the middle of an ADD: systemd kills the
+/// plugin it left running (KillMode=mixed, the unit's cgroup) and restarts
+/// the daemon, and the next DEL cleans up from the attachment record.
+#[test]
+fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
+    use crate::support::netns::Netns;
+    if crate::support::systemd::skip_reason().is_some() {
+        println!("skipping: no private systemd manager here");
+        return;
+    }
+    let ns = Netns::new();
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    let work = p.m.work_dir().to_path_buf();
+    let bin = work.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let marker = work.join("slow.started");
+    let del_log = work.join("slow.del");
+    let sleeper = format!("{}/slow-sleep", bin.display());
+    let fake = format!(
+        "#!/bin/bash\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n\
+         VERSION) echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}}' ;;\n\
+         ADD) touch '{}'; exec -a '{sleeper}' sleep 1000 ;;\n\
+         DEL) echo \"DEL $CNI_CONTAINERID\" >> '{}' ;;\nesac\nexit 0\n",
+        marker.display(),
+        del_log.display()
+    );
+    std::fs::write(bin.join("slow"), fake).unwrap();
+    std::fs::set_permissions(bin.join("slow"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let records = p.serve_network(
+        serde_json::json!({"cniVersion": "1.0.0", "name": "slow", "plugins": [{"type": "slow"}]}),
+        &bin,
+    );
+    let (add_env, stdin) = p.shim_call("ADD", "killed-1", &ns.path);
+    let (del_env, _) = p.shim_call("DEL", "killed-1", &ns.path);
+    let add = crate::support::shim::spawn(add_env, &stdin);
+    let started = crate::support::systemd::poll_until(STATE_TIMEOUT, || marker.exists());
+    assert!(
+        started,
+        "the slow plugin never ran\n{}",
+        p.m.describe_failure()
+    );
+    let first = p.wait_active();
+    let orphans = || crate::support::cni::processes_matching(&sleeper);
+    assert_eq!(orphans().len(), 1, "{:?}", orphans());
+    // SAFETY: kill(2) on the service's main process, which this test runs.
+    unsafe { libc::kill(first as i32, libc::SIGKILL) };
+    let gone = crate::support::systemd::poll_until(STATE_TIMEOUT, || orphans().is_empty());
+    assert!(gone, "systemd left the plugin running: {:?}", orphans());
+    let add = crate::support::shim::finish(add);
+    assert_eq!(add.code, Some(1), "{add:?}");
+
+    // The next call reaches a new daemon (socket activation), whose DEL
+    // works from the record the killed one wrote before the plugin ran.
+    let del = crate::support::shim::run(del_env, &stdin);
+    assert_eq!(del.code, Some(0), "{del:?}\n{}", p.m.describe_failure());
+    assert_ne!(p.main_pid(), first);
+    let dels = std::fs::read_to_string(&del_log).unwrap_or_default();
+    assert_eq!(dels.trim(), "DEL killed-1");
+    assert!(!records.join("killed-1.json").exists());
+}

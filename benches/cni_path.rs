@@ -27,10 +27,13 @@
 //! `support/flood.rs` raw client connections, `support/daemon_metrics.rs`
 //! the daemon's Prometheus text, `support/stats.rs` and
 //! `support/report.rs` numbers and markdown. The test harness
-//! (`tests/support/`) provides the engine setup, the daemon, the shim
+//! (`tests/integration/support/`) provides the engine setup, the daemon, the shim
 //! runner, network namespaces and the systemd manager.
 
-#[path = "../tests/support/mod.rs"]
+// The bench uses a part of the integration tests' harness; the rest is
+// dead code here.
+#[allow(dead_code)]
+#[path = "../tests/integration/support/mod.rs"]
 mod support;
 
 #[path = "support/scenario_bursts.rs"]

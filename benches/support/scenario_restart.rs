@@ -188,7 +188,7 @@ pub fn restart_under_load(sec: &mut Section, c: &Counts) {
     sec.para(&format!(
         "The repository's `systemd/plexusd.socket` and `plexusd.service` (paths substituted, \
          output to a file, no start rate limit) under the private `systemd --user` manager of \
-         tests/support/systemd.rs. {CLIENTS} clients call continuously ({what}), one netns; \
+         tests/integration/support/systemd.rs. {CLIENTS} clients call continuously ({what}), one netns; \
          `systemctl restart plexusd.service` {} times, {} client calls apart.",
         c.restarts, c.calls_between_restarts
     ));

@@ -30,6 +30,9 @@
 //! (`tests/integration/support/`) provides the engine setup, the daemon, the shim
 //! runner, network namespaces and the systemd manager.
 
+// A failed unwrap here stops the benchmark, not a daemon.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 // The bench uses a part of the integration tests' harness; the rest is
 // dead code here.
 #[allow(dead_code)]

@@ -70,7 +70,7 @@ impl Notifier {
     }
 
     /// Sends the states as one datagram, one `KEY=VALUE` a line.
-    pub fn send(&self, states: &[NotifyState]) -> io::Result<()> {
+    pub fn send(&self, states: &[NotifyState<'_>]) -> io::Result<()> {
         let Some((addr, sock)) = &self.target else {
             return Ok(());
         };

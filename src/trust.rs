@@ -221,6 +221,7 @@ mod tests {
         // A file the daemon writes only needs a safe directory.
         check_file(&f).unwrap();
         chmod(&f, 0o644);
+        // SAFETY: geteuid(2) takes no arguments and cannot fail.
         if unsafe { libc::geteuid() } == 0 {
             std::os::unix::fs::chown(&f, Some(65534), None).unwrap();
             assert!(matches!(

@@ -172,12 +172,14 @@ fn connector(dir: &Path) {
     let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
     assert!(fd >= 0);
     let cdir = CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `fd` is the inotify instance made above and `cdir` a valid C string.
     let wd =
         unsafe { libc::inotify_add_watch(fd, cdir.as_ptr(), libc::IN_CREATE | libc::IN_MOVED_TO) };
     assert!(wd >= 0, "cannot watch {}", dir.display());
     say("READY");
     let mut buf = vec![0u8; 64 * 1024];
     loop {
+        // SAFETY: read(2) into `buf`, at most its length.
         let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock {
             std::hint::spin_loop();

@@ -9,6 +9,9 @@
 //! resource limits) and names whatever it makes on the host uniquely
 //! (see `support::netns`, `support::daemon::TestDir`).
 
+// A failed unwrap here is a failed test, not a dead daemon.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 mod admission;

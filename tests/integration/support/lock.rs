@@ -43,6 +43,7 @@ impl FileLock {
         let deadline = Instant::now() + Duration::from_secs(600);
         let mut told = false;
         loop {
+            // SAFETY: flock(2) on a descriptor `file` owns; no memory involved.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                 return FileLock { _file: file };
             }

@@ -106,6 +106,7 @@ pub fn skip_reason() -> Option<String> {
     if std::env::var("PLEXUS_SYSTEMD_TESTS").as_deref() == Ok("0") {
         return Some("PLEXUS_SYSTEMD_TESTS=0".into());
     }
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Some("not running as root (needs mount namespaces and cgroups)".into());
     }
@@ -574,6 +575,7 @@ impl Manager {
                     "`systemctl --user exit` failed: {}",
                     String::from_utf8_lossy(&out.stderr).trim()
                 ));
+                // SAFETY: kill(2) of the manager this harness started; no memory involved.
                 unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
             }
             let alive = !poll_until(EXIT_TIMEOUT, || !self.manager_alive());
@@ -582,6 +584,7 @@ impl Manager {
                     "manager {} still alive {EXIT_TIMEOUT:?} after the exit request",
                     self.pid
                 ));
+                // SAFETY: kill(2) of the manager this harness started; no memory involved.
                 unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
                 if let Some(c) = self.child.as_mut() {
                     let _ = c.wait();
@@ -612,6 +615,7 @@ impl Manager {
                 problems.push(format!("processes left after the manager exited: {left:?}"));
             }
             for pid in left {
+                // SAFETY: kill(2) of a process of this harness; no memory involved.
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             }
             false
@@ -902,6 +906,7 @@ fn sweep_stale() {
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
             return false;
         };
+        // SAFETY: kill(2) with signal 0 only asks whether the pid exists.
         pid != std::process::id() as i32
             && unsafe { libc::kill(pid, 0) } != 0
             && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
@@ -921,6 +926,7 @@ fn sweep_stale() {
             poll_until(Duration::from_secs(5), || {
                 let pids = cgroup_pids(std::slice::from_ref(&dir));
                 for pid in &pids {
+                    // SAFETY: kill(2) of a leftover process of an earlier run; no memory involved.
                     unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
                 }
                 pids.is_empty()
@@ -984,6 +990,8 @@ impl Console {
             .custom_flags(libc::O_NOCTTY)
             .open("/dev/ptmx")?;
         let mut buf = [0 as libc::c_char; 128];
+        // SAFETY: grantpt, unlockpt and ptsname_r on the pty master we opened;
+        // ptsname_r writes at most `buf.len()` bytes into `buf`.
         unsafe {
             if libc::grantpt(master.as_raw_fd()) != 0 || libc::unlockpt(master.as_raw_fd()) != 0 {
                 return Err(io::Error::last_os_error());
@@ -993,6 +1001,7 @@ impl Console {
                 return Err(io::Error::from_raw_os_error(rc));
             }
         }
+        // SAFETY: ptsname_r succeeded, so `buf` holds a NUL-terminated name.
         let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
         let pts = PathBuf::from(OsStr::from_bytes(name.to_bytes()));
         // Held open until teardown: with no slave open, reads on the master

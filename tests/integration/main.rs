@@ -15,6 +15,7 @@
 mod support;
 
 mod admission;
+mod architecture;
 mod aux_chain;
 mod cni_faults;
 mod cni_networks;

@@ -48,7 +48,8 @@
 //!   daemon      composition root and lifecycle (the only module wiring others)
 //! ```
 //!
-//! Dependency direction (every `crate::` import; nothing else):
+//! Dependency direction (every `crate::` import; nothing else, as
+//! `tests/integration/architecture.rs` checks):
 //!
 //! - Leaves: `api`, `device_info`, `duration`, `json`, `logging`,
 //!   `metrics`, `names`, `notify` and `trust` use no other module; `result`

@@ -298,7 +298,7 @@ impl Config {
         // multus attached; plexusd keeps its own records in stateDir.
         let cni_dir = f
             .path("cniDir")
-            .unwrap_or_else(|| PathBuf::from(cni::engine::multus_cache::DEFAULT_CNI_DIR));
+            .unwrap_or_else(|| PathBuf::from(cni::multus_cache::DEFAULT_CNI_DIR));
         let multus_namespace = f
             .string("multusNamespace")
             .filter(|s| !s.is_empty())

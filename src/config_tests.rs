@@ -137,7 +137,7 @@ fn check_paths_should_name_each_untrusted_key() {
     let defaults = Config::from_json(&t.path().join("c.json"), b"{}").unwrap();
     assert_eq!(
         defaults.cni.cni_dir,
-        Path::new(cni::engine::multus_cache::DEFAULT_CNI_DIR)
+        Path::new(cni::multus_cache::DEFAULT_CNI_DIR)
     );
     let fine = Config::from_json(&t.path().join("c.json"), br#"{"socketDir":"sock"}"#).unwrap();
     fine.check_paths(PathScope { socket_dir: true }).unwrap();

@@ -11,6 +11,8 @@
 //! - [`default_route`]: multus's `default-route`: which network owns a
 //!   pod's default routes, and the route changes in the pod that follow.
 //! - [`confdir`]: network configurations read from files.
+//! - [`multus_cache`]: multus's caches of the containers it attached, read
+//!   so that the engine can DEL, CHECK and GC them.
 //! - [`netns`]: which network namespaces a plugin may run in.
 //! - [`parts`]: the traits the engine runs plugins and keeps records
 //!   through, so its logic is tested with fakes.
@@ -22,6 +24,7 @@ pub mod confdir;
 pub mod default_route;
 pub mod engine;
 pub mod exec;
+pub mod multus_cache;
 pub mod netns;
 pub mod parts;
 pub mod show;

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::chain::{convert_for, recorded_list, stdin_for};
 use super::lock::Loaded;
-use super::multus_cache::Multus;
+use super::multus::Multus;
 use super::{Engine, Error, ErrorKind};
 use crate::api::{code, Command};
 use crate::cni::exec::CallEnv;

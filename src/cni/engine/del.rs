@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::chain::{declared_capabilities, recorded_list};
 use super::lock::Loaded;
-use super::multus_cache::Multus;
+use super::multus::Multus;
 use super::{blocking, Engine, Error, Planned};
 use crate::api::Command;
 use crate::cni::exec::Plugin;

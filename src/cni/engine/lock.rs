@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, RwLockReadGuard};
 
 use super::chain::recorded_types;
-use super::multus_cache::Multus;
+use super::multus::Multus;
 use super::{blocking, check_netns_now, Engine, Error, ErrorKind, KillGroup};
 use crate::api::{code, Command};
 use crate::cni::exec::{Gate, Plugin};

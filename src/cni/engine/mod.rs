@@ -16,7 +16,7 @@
 //!   in the record, naming the runtime's attachment it joined; the DEL of
 //!   that attachment, and GC, take it along (`hotplug.rs`).
 //! - A container multus attached, which has no record, is DELed, CHECKed
-//!   and GCed from multus's caches in its `cniDir` ([`multus_cache`]).
+//!   and GCed from multus's caches in its `cniDir` ([`multus_cache`], `multus.rs`).
 //! - Calls for one container are serialized, within this daemon and with
 //!   any other plexusd on the same stateDir (a lock file per container).
 //!   GC deletes stale attachments one container at a time; only its last
@@ -45,7 +45,7 @@ mod error;
 mod gc;
 mod hotplug;
 mod lock;
-pub mod multus_cache;
+mod multus;
 mod recover;
 #[cfg(test)]
 mod tests;
@@ -58,10 +58,10 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use tokio::sync::RwLock;
 
-use self::multus_cache::Caches;
 use crate::api::code;
 use crate::api::Command;
 use crate::cni::exec::{Group, Runner};
+use crate::cni::multus_cache::{self, Caches};
 use crate::cni::parts::{PluginRunner, Records};
 use crate::cni::state::{Locks, Markers, State, Store};
 use crate::cni::{confdir, exec, netns, show};

@@ -63,7 +63,7 @@ fn the_reference_delegate_cache_should_be_read_as_multus_writes_it() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(
         dir.path().join("c1"),
-        include_str!("../../../tests/fixtures/multus-cache/delegates.json"),
+        include_str!("../../tests/fixtures/multus-cache/delegates.json"),
     )
     .unwrap();
     let d = Caches::new(dir.path()).load("c1").unwrap().unwrap();

@@ -179,7 +179,7 @@ pub fn actions<'a>(networks: impl IntoIterator<Item = (&'a Marks, &'a str, bool)
 
 /// A route change that failed.
 #[derive(Debug, thiserror::Error)]
-pub enum RouteError {
+pub enum Error {
     #[error("interface {ifname:?}: {why}")]
     BadIfname { ifname: String, why: String },
     #[error("removing the default routes of interface {ifname} in {netns}: {why}")]
@@ -200,12 +200,12 @@ pub enum RouteError {
 /// Makes `actions` in the namespace at `netns`, in order, stopping at the
 /// first failure. Each command runs as a plugin does (see
 /// [`exec::run_command`]) and is killed with its group after `timeout`.
-pub async fn apply(netns: &str, actions: Vec<Action>, timeout: Duration) -> Result<(), RouteError> {
+pub async fn apply(netns: &str, actions: Vec<Action>, timeout: Duration) -> Result<(), Error> {
     for action in &actions {
         let ifname = match action {
             Action::Clear { ifname, .. } | Action::Add { ifname, .. } => ifname,
         };
-        names::check_ifname(ifname).map_err(|e| RouteError::BadIfname {
+        names::check_ifname(ifname).map_err(|e| Error::BadIfname {
             ifname: ifname.clone(),
             why: e.to_string(),
         })?;
@@ -221,7 +221,7 @@ pub async fn apply(netns: &str, actions: Vec<Action>, timeout: Duration) -> Resu
                         // A kernel without IPv6 has no IPv6 routes.
                         Err(why) if family == "-6" && why.contains("family not supported") => {}
                         Err(why) => {
-                            return Err(RouteError::Clear {
+                            return Err(Error::Clear {
                                 ifname: ifname.clone(),
                                 netns: netns.to_string(),
                                 why,
@@ -239,7 +239,7 @@ pub async fn apply(netns: &str, actions: Vec<Action>, timeout: Duration) -> Resu
                     // As multus: a route that is already there is fine.
                     Err(why) if why.contains("File exists") => {}
                     Err(why) => {
-                        return Err(RouteError::Add {
+                        return Err(Error::Add {
                             ifname: ifname.clone(),
                             gateway: *gateway,
                             netns: netns.to_string(),

@@ -152,7 +152,7 @@ async fn a_bad_ifname_should_be_refused_before_anything_runs() {
     )
     .await
     .unwrap_err();
-    assert!(matches!(e, RouteError::BadIfname { .. }), "{e}");
+    assert!(matches!(e, Error::BadIfname { .. }), "{e}");
 }
 
 #[tokio::test]

@@ -222,7 +222,7 @@ fn key_note(key: &Option<String>) -> String {
 /// An annotation that cannot be used; the ADD fails with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("pod annotation {annotation}: {problem}")]
-pub struct AnnotationError {
+pub struct Error {
     pub annotation: &'static str,
     pub problem: Problem,
 }
@@ -257,8 +257,8 @@ pub struct AnnotationError {
 pub fn parse_networks_annotation(
     value: Option<&str>,
     pod_namespace: &str,
-) -> Result<Vec<Selection>, AnnotationError> {
-    let err = |problem| AnnotationError {
+) -> Result<Vec<Selection>, Error> {
+    let err = |problem| Error {
         annotation: NETWORKS_ANNOTATION,
         problem,
     };
@@ -279,8 +279,8 @@ pub fn parse_networks_annotation(
 pub fn parse_default_network_annotation(
     value: Option<&str>,
     multus_namespace: &str,
-) -> Result<Option<Selection>, AnnotationError> {
-    let err = |problem| AnnotationError {
+) -> Result<Option<Selection>, Error> {
+    let err = |problem| Error {
         annotation: DEFAULT_NETWORK_ANNOTATION,
         problem,
     };

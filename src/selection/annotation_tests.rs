@@ -4,7 +4,7 @@
 use super::*;
 use serde_json::json;
 
-fn nets(v: &str) -> Result<Vec<Selection>, AnnotationError> {
+fn nets(v: &str) -> Result<Vec<Selection>, Error> {
     parse_networks_annotation(Some(v), "pod-ns")
 }
 

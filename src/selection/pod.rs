@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use super::annotation::{self, AnnotationError, Selection};
+use super::annotation::{self, Selection};
 use super::runtime_config::{self, AttachmentFacts, RuntimeInherit};
 use super::{nad, Config, Element, Origin, Selected};
 use crate::netconf::{ConfigError, NetworkList};
@@ -159,7 +159,7 @@ pub enum Error<E> {
     #[error("pod {pod}: {source}")]
     Annotation {
         pod: String,
-        source: AnnotationError,
+        source: annotation::Error,
     },
     /// The networks cannot be ordered and named.
     #[error(transparent)]

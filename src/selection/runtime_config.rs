@@ -169,10 +169,10 @@ pub fn legacy_cni_args(sel: &Selection) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::selection::annotation::{parse_networks_annotation, AnnotationError};
+    use crate::selection::annotation::{parse_networks_annotation, Error};
     use serde_json::json;
 
-    fn nets(v: &str) -> Result<Vec<Selection>, AnnotationError> {
+    fn nets(v: &str) -> Result<Vec<Selection>, Error> {
         parse_networks_annotation(Some(v), "pod-ns")
     }
 

@@ -419,6 +419,12 @@ pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
 /// How long tests wait for the system to settle (processes to go away).
 pub const SETTLE: Duration = Duration::from_secs(10);
 
+/// A GC through plexus-shim with `valid` as the valid attachments, run to
+/// completion.
+pub fn gc(daemon: &Daemon, valid: Value) -> Run {
+    shim::finish(gc_call(daemon, valid))
+}
+
 /// A GC through plexus-shim (started, not waited for) with `valid` as the
 /// valid attachments.
 pub fn gc_call(daemon: &Daemon, valid: Value) -> Child {

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::support::cni::{bridge, conflist, failed, gc, ok, Call, Engine, DEFAULT_ARGS};
+use crate::support::cni::{bridge, conflist, failed, gc, ok, runs, Call, Engine, DEFAULT_ARGS};
 use crate::support::daemon::Daemon;
 use crate::support::netns::{host_link_exists, ip, unique_name, Link, Netns, Subnet};
 
@@ -28,15 +28,6 @@ fn recording_fake(e: &Engine) {
             Engine::pass_through()
         ),
     );
-}
-
-/// Every run of `rec` so far.
-fn runs(e: &Engine) -> Vec<String> {
-    fs::read_to_string(e.dir.join("runs"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 /// `command` through the shim with `CNI_NETNS` exactly `netns`.

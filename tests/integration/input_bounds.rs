@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{json, Map, Value};
 
-use crate::support::cni::{failed, gc, ok, processes_matching, Call, Engine, DEFAULT_ARGS, SETTLE};
+use crate::support::cni::{
+    failed, gc, ok, processes_matching, runs, Call, Engine, DEFAULT_ARGS, SETTLE,
+};
 use crate::support::daemon::{wait_until, Daemon};
 use crate::support::http;
 use crate::support::netns::Netns;
@@ -39,14 +41,6 @@ fn recording_network(e: &Engine, net: &str) {
             {"type": "rec", "capabilities": {"portMappings": true}}
         ]}),
     );
-}
-
-fn runs(e: &Engine) -> Vec<String> {
-    fs::read_to_string(e.dir.join("runs"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 /// `POST /cni` with exactly `env` and `config` as the network config.

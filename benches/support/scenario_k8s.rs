@@ -15,7 +15,8 @@ use crate::daemon_metrics::{metric, metrics_text};
 use crate::procs::{Call, Outcome};
 use crate::report::{Section, Table};
 use crate::setup::{
-    shim_call_args, start_daemon, write_network, Failures, Network, CNI_ARGS, CNI_BIN,
+    breakdown_table, minus, shim_call_args, side_rows, start_daemon, write_network, AddDel,
+    Failures, Network, CNI_ARGS, CNI_BIN,
 };
 use crate::stats::{fmt_delta, fmt_ms, fmt_ratio, ms, ratio, Samples};
 use crate::support::cni::Engine;
@@ -481,14 +482,13 @@ pub fn kubernetes(sec: &mut Section, c: &Counts) {
 
     // Where the time goes, from the daemons' own histograms.
     let calls_of = |s: &Samples| s.len() as f64;
-    let mut b = Table::new(&["mean per call (ms)", "ADD", "DEL"]);
-    let mut rows: Vec<(String, [Option<f64>; 2])> = Vec::new();
+    let mut rows: Vec<(String, AddDel)> = Vec::new();
     let mean = |s: &Samples| s.mean().map(ms);
     rows.push((
         "direct: both plugin executions (bench: spawn to exit, summed)".into(),
         [mean(&direct.add), mean(&direct.del)],
     ));
-    let mut req_of: Vec<[Option<f64>; 2]> = Vec::new();
+    let mut req_of: Vec<AddDel> = Vec::new();
     for (j, s) in sides.iter().enumerate().skip(1) {
         let cmds = ["command=\"ADD\"", "command=\"DEL\""];
         let count = [calls_of(&s.add), calls_of(&s.del)];
@@ -516,33 +516,25 @@ pub fn kubernetes(sec: &mut Section, c: &Counts) {
             )
         });
         let e2e = [mean(&s.add), mean(&s.del)];
-        let sub = |a: [Option<f64>; 2], b: [Option<f64>; 2]| [0, 1].map(|i| Some(a[i]? - b[i]?));
         let l = s.side.label();
-        rows.push((format!("{l}: shim call end to end (bench)"), e2e));
-        rows.push((
-            format!("{l}: daemon request time (`plexus_request_duration_seconds`)"),
-            req,
-        ));
+        rows.extend(side_rows(l, e2e, req));
         rows.push((
             format!("{l}: daemon plugin runs, both networks (`plexus_plugin_duration_seconds`)"),
             run,
         ));
         rows.push((
             format!("{l}: → daemon work around the plugins (selection, records, API, JSON)"),
-            sub(req, run),
+            minus(req, run),
         ));
         req_of.push(req);
     }
     if let [st_req, ku_req] = req_of[..] {
         rows.push((
             "→ Kubernetes part: daemon request time, Kubernetes − static".into(),
-            [0, 1].map(|i| Some(ku_req[i]? - st_req[i]?)),
+            minus(ku_req, st_req),
         ));
     }
-    for (label, v) in rows {
-        let f = |x: Option<f64>| x.map_or_else(|| "n/a".into(), |x| format!("{x:.2}"));
-        b.row(vec![label, f(v[0]), f(v[1])]);
-    }
+    let b = breakdown_table(rows);
     sec.para(
         "Where the time goes (means over the timed calls; daemon times from its own \
          Prometheus histograms, scraped before and after the timed loop, divided by the \

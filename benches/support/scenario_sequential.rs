@@ -7,11 +7,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::daemon_metrics::{hist_mean_ms, metrics_text};
-use crate::procs::{children_cpu, status_kib, thread_cpu, thread_times, threads_cpu_between, Call};
+use crate::procs::{
+    children_cpu, status_kib, thread_cpu, thread_times, threads_cpu_between, Call, Outcome,
+};
 use crate::report::{met, Section, Table, Target};
 use crate::setup::{
-    cni_env, shim_call, shim_stdin, start_daemon, tmpfs_dir, write_network, Failures, Network,
-    CNI_ARGS, CNI_BIN,
+    breakdown_table, cni_env, minus, shim_call, shim_stdin, side_rows, start_daemon, tmpfs_dir,
+    write_network, AddDel, Failures, Network, CNI_ARGS, CNI_BIN,
 };
 use crate::stats::{fmt_delta, fmt_kib, fmt_ms, fmt_ms_f, fmt_ratio, ms, ratio, Samples};
 use crate::support::cni::Engine;
@@ -36,6 +38,9 @@ impl Side {
         }
     }
 }
+
+/// CPU so far, as [`SideRun::cpu`] reads it.
+type Cpu = (Duration, Vec<(u32, u64)>, Duration);
 
 /// Per side: samples of ADD and DEL, failures, CPU.
 struct SideRun {
@@ -75,12 +80,28 @@ impl SideRun {
 
     /// CPU so far: the bench's reaped children, plexusd's threads, the
     /// bench's own thread.
-    fn cpu(&self) -> (Duration, Vec<(u32, u64)>, Duration) {
+    fn cpu(&self) -> Cpu {
         (
             children_cpu(),
             self.pid.map(thread_times).unwrap_or_default(),
             thread_cpu(),
         )
+    }
+
+    /// Counts a timed call of command `k` (0 ADD, 1 DEL): its time, its
+    /// failure if it failed, and the CPU between `c0` and `c1` (both from
+    /// [`SideRun::cpu`]).
+    fn note(&mut self, k: usize, o: &Outcome, c0: &Cpu, c1: &Cpu) {
+        let (samples, what) = if k == 0 {
+            (&mut self.add, "ADD")
+        } else {
+            (&mut self.del, "DEL")
+        };
+        samples.push(o.elapsed);
+        self.fails.note(what, o);
+        self.cpu_caller[k] += c1.0.saturating_sub(c0.0);
+        self.cpu_daemon[k] += threads_cpu_between(&c0.1, &c1.1);
+        self.cpu_runner[k] += c1.2.saturating_sub(c0.2);
     }
 }
 
@@ -188,12 +209,7 @@ pub fn sequential(sec: &mut Section, c: &Counts, bridge: bool) {
             let o = call(s, "ADD", &cid, None).run();
             let c1 = s.cpu();
             prev[j] = o.json();
-            let s = &mut sides[j];
-            s.add.push(o.elapsed);
-            s.fails.note("ADD", &o);
-            s.cpu_caller[0] += c1.0.saturating_sub(c0.0);
-            s.cpu_daemon[0] += threads_cpu_between(&c0.1, &c1.1);
-            s.cpu_runner[0] += c1.2.saturating_sub(c0.2);
+            sides[j].note(0, &o, &c0, &c1);
         }
         for &j in &order {
             let s = &sides[j];
@@ -201,12 +217,7 @@ pub fn sequential(sec: &mut Section, c: &Counts, bridge: bool) {
             let c0 = s.cpu();
             let o = call(s, "DEL", &cid, prev[j].as_ref()).run();
             let c1 = s.cpu();
-            let s = &mut sides[j];
-            s.del.push(o.elapsed);
-            s.fails.note("DEL", &o);
-            s.cpu_caller[1] += c1.0.saturating_sub(c0.0);
-            s.cpu_daemon[1] += threads_cpu_between(&c0.1, &c1.1);
-            s.cpu_runner[1] += c1.2.saturating_sub(c0.2);
+            sides[j].note(1, &o, &c0, &c1);
         }
         let c0 = children_cpu();
         floor.push(floor_call.run().elapsed);
@@ -302,9 +313,8 @@ pub fn sequential(sec: &mut Section, c: &Counts, bridge: bool) {
         .unwrap()
         .to_string_lossy()
         .into_owned();
-    let mut b = Table::new(&["mean per call (ms)", "ADD", "DEL"]);
-    let mut rows: Vec<(String, [Option<f64>; 2])> = Vec::new();
-    let mut around: Vec<[Option<f64>; 2]> = Vec::new();
+    let mut rows: Vec<(String, AddDel)> = Vec::new();
+    let mut around: Vec<AddDel> = Vec::new();
     let mean = |s: &Samples| s.mean().map(ms);
     rows.push((
         "direct plugin call (bench: spawn to exit)".into(),
@@ -330,42 +340,34 @@ pub fn sequential(sec: &mut Section, c: &Counts, bridge: bool) {
             )
         });
         let e2e = [mean(&s.add), mean(&s.del)];
-        let sub = |a: [Option<f64>; 2], b: [Option<f64>; 2]| [0, 1].map(|i| Some(a[i]? - b[i]?));
         let l = s.side.label();
-        rows.push((format!("{l}: shim call end to end (bench)"), e2e));
-        rows.push((
-            format!("{l}: daemon request time (`plexus_request_duration_seconds`)"),
-            req,
-        ));
+        rows.extend(side_rows(l, e2e, req));
         rows.push((
             format!("{l}: daemon plugin run (`plexus_plugin_duration_seconds`, {plugin})"),
             run,
         ));
         rows.push((
             format!("{l}: → outside the daemon's request timer (shim exec, connect, HTTP)"),
-            sub(e2e, req),
+            minus(e2e, req),
         ));
-        around.push(sub(req, run));
+        around.push(minus(req, run));
         rows.push((
             format!("{l}: → daemon work around the plugin (records + fsync, config, JSON)"),
-            sub(req, run),
+            minus(req, run),
         ));
         rows.push((
             format!("{l}: → daemon plugin run − direct plugin call"),
-            sub(run, [mean(&direct.add), mean(&direct.del)]),
+            minus(run, [mean(&direct.add), mean(&direct.del)]),
         ));
     }
     if let [disk, tmpfs] = around[..] {
         rows.push((
             "→ fsync cost in place: daemon work around the plugin, stateDir on disk − on tmpfs"
                 .into(),
-            [0, 1].map(|i| Some(disk[i]? - tmpfs[i]?)),
+            minus(disk, tmpfs),
         ));
     }
-    for (label, v) in rows {
-        let f = |x: Option<f64>| x.map_or_else(|| "n/a".into(), |x| format!("{x:.2}"));
-        b.row(vec![label, f(v[0]), f(v[1])]);
-    }
+    let b = breakdown_table(rows);
     sec.para(
         "Where the time goes (means over the timed calls; daemon times from its own \
          Prometheus histograms, scraped before and after the timed loop):",

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::procs::{Call, Outcome};
-use crate::report::Section;
+use crate::report::{Section, Table};
 use crate::support::cni::{self as cnisup, Engine};
 use crate::support::daemon::Daemon;
 
@@ -281,4 +281,34 @@ pub fn tmpfs_dir(tag: &str) -> Option<RemoveDir> {
     let _ = fs::remove_dir_all(&p);
     fs::create_dir_all(&p).ok()?;
     Some(RemoveDir(p))
+}
+
+/// ADD and DEL, in ms, of one row of a "where the time goes" table.
+pub type AddDel = [Option<f64>; 2];
+
+/// `a − b` for ADD and DEL, where both are known.
+pub fn minus(a: AddDel, b: AddDel) -> AddDel {
+    [0, 1].map(|i| Some(a[i]? - b[i]?))
+}
+
+/// The rows every Plexus side's breakdown starts with: the shim call end
+/// to end (`e2e`, as the bench timed it) and the daemon's request time.
+pub fn side_rows(label: &str, e2e: AddDel, req: AddDel) -> [(String, AddDel); 2] {
+    [
+        (format!("{label}: shim call end to end (bench)"), e2e),
+        (
+            format!("{label}: daemon request time (`plexus_request_duration_seconds`)"),
+            req,
+        ),
+    ]
+}
+
+/// The "where the time goes" table: a row per label, `n/a` where unknown.
+pub fn breakdown_table(rows: Vec<(String, AddDel)>) -> Table {
+    let mut b = Table::new(&["mean per call (ms)", "ADD", "DEL"]);
+    for (label, v) in rows {
+        let f = |x: Option<f64>| x.map_or_else(|| "n/a".into(), |x| format!("{x:.2}"));
+        b.row(vec![label, f(v[0]), f(v[1])]);
+    }
+    b
 }

@@ -224,12 +224,7 @@ fn idle_connections_should_not_delay_requests_and_should_be_closed() {
     // all 200 were open.
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["code"], 4);
-    assert_eq!(
-        http::request(&d.sock, "GET", "/healthz", b"")
-            .unwrap()
-            .status,
-        200
-    );
+    assert_eq!(http::healthz(&d.sock), 200);
     println!("request with 200 idle connections open took {took:?}");
     for mut c in idle {
         c.set_read_timeout(Some(T)).unwrap();
@@ -266,11 +261,7 @@ fn trickling_body_should_be_cut_off_at_read_timeout() {
 #[test]
 fn max_connections_should_hold_excess_clients_in_the_backlog() {
     let dir = TestDir::new("maxconn");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = http::free_port("127.0.0.1");
     let mut d = Daemon::start(
         &dir,
         "d",

@@ -110,12 +110,10 @@ fn the_auxiliary_chain_should_run_last_and_be_removed_by_del() {
 
 #[test]
 fn a_pods_auxiliary_chain_should_show_no_network_status_entry() {
-    let (engine, mut config, _link, _subnet) = node("aux-pod");
+    let (engine, config, _link, _subnet) = node("aux-pod");
     let api = FakeApi::start();
     api.put_pod("ns1", "p", "uid-p", NODE, json!({}));
-    api.configure(&engine.dir, &mut config, "2s");
-    let mut daemon = Daemon::start(&engine.dir, "d", config);
-    daemon.ready();
+    let daemon = api.start_daemon(&engine.dir, config, "2s");
     let ns = Netns::new();
     let id = "auxpod1";
     let call = |cmd: &str| Call::new(cmd, id, &ns, "eth0").args(&pod_args("ns1", "p", "uid-p"));

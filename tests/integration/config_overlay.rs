@@ -331,10 +331,7 @@ fn a_pods_networks_should_come_from_the_calls_configuration_too() {
         NODE,
         json!({"k8s.v1.cni.cncf.io/networks": "blue"}),
     );
-    let mut config = daemon_config(&engine, true);
-    api.configure(&engine.dir, &mut config, "2s");
-    let mut d = Daemon::start(&engine.dir, "d", config);
-    d.ready();
+    let d = api.start_daemon(&engine.dir, daemon_config(&engine, true), "2s");
     let conf = multus_conf(
         &d,
         json!({"clusterNetwork": "cl", "multusNamespace": "netops"}),

@@ -74,8 +74,7 @@ fn ready_should_be_sent_only_once_the_socket_serves() {
     let msg = d.wait_notify("READY=1", T);
     assert!(msg.contains("STATUS=serving"), "{msg}");
     // At READY time the socket must already answer.
-    let r = http::request(&d.sock, "GET", "/healthz", b"").unwrap();
-    assert_eq!(r.status, 200);
+    assert_eq!(http::healthz(&d.sock), 200);
     let r = http::request(&d.sock, "GET", "/readyz", b"").unwrap();
     assert_eq!(r.status, 200);
     d.terminate();
@@ -185,8 +184,7 @@ fn successor_bound_during_drain_should_keep_the_path() {
         Some(b_inode),
         "the path must still name B's socket"
     );
-    let r = http::request(&path, "GET", "/healthz", b"").unwrap();
-    assert_eq!(r.status, 200);
+    assert_eq!(http::healthz(&path), 200);
     b.terminate();
     assert!(b.wait_exit(T).success());
 }
@@ -202,12 +200,7 @@ fn successor_taking_over_should_make_predecessor_drain_and_exit() {
     let st = a.wait_exit(T);
     assert!(st.success(), "{st:?}");
     assert_eq!(inode(&b.sock), Some(b_inode));
-    assert_eq!(
-        http::request(&b.sock, "GET", "/healthz", b"")
-            .unwrap()
-            .status,
-        200
-    );
+    assert_eq!(http::healthz(&b.sock), 200);
 }
 
 #[test]
@@ -219,10 +212,7 @@ fn activated_daemon_should_keep_socket_across_restart_and_serve_queued_clients()
 
     let mut a = Daemon::start_activated(&dir, "a", json!({}), &listener, &path);
     a.ready();
-    assert_eq!(
-        http::request(&path, "GET", "/healthz", b"").unwrap().status,
-        200
-    );
+    assert_eq!(http::healthz(&path), 200);
     a.terminate();
     assert!(a.wait_exit(T).success());
     assert_eq!(
@@ -518,12 +508,7 @@ fn idle_timeout_should_exit_cleanly() {
     let dir = TestDir::new("idle");
     let mut d = Daemon::start(&dir, "d", json!({"idleTimeout": "200ms"}));
     d.ready();
-    assert_eq!(
-        http::request(&d.sock, "GET", "/healthz", b"")
-            .unwrap()
-            .status,
-        200
-    );
+    assert_eq!(http::healthz(&d.sock), 200);
     let st = d.wait_exit(T);
     assert!(st.success(), "{st:?}");
     assert!(d.notifications().iter().any(|m| m.contains("STOPPING=1")));
@@ -580,20 +565,10 @@ fn log_file_should_receive_the_log() {
 #[test]
 fn metrics_port_should_serve_metrics_over_tcp() {
     let dir = TestDir::new("metricsport");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = http::free_port("127.0.0.1");
     let mut d = Daemon::start(&dir, "d", json!({"metricsPort": port}));
     d.ready();
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    s.set_read_timeout(Some(T)).unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).unwrap();
-    let r = http::parse_response(&buf).unwrap();
+    let r = http::metrics_over_tcp(port);
     assert_eq!(r.status, 200);
     assert!(r.body_str().contains("plexus_connections_open"));
     d.terminate();

@@ -11,10 +11,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::support::cni::{bridge, conflist, failed, ok, Call, Engine, DEFAULT_ARGS};
+use crate::support::cni::{bridge, conflist, failed, gc, ok, runs, Call, Engine, DEFAULT_ARGS};
 use crate::support::daemon::Daemon;
 use crate::support::netns::{host_link_exists, ip, unique_name, Link, Netns, Subnet};
-use crate::support::shim;
 
 /// Writes the fake `rec`: it appends `<command> <netns> <ifname>` to
 /// `$DIR/runs` on every call but VERSION and answers ADD with an empty
@@ -29,15 +28,6 @@ fn recording_fake(e: &Engine) {
             Engine::pass_through()
         ),
     );
-}
-
-/// Every run of `rec` so far.
-fn runs(e: &Engine) -> Vec<String> {
-    fs::read_to_string(e.dir.join("runs"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 /// `command` through the shim with `CNI_NETNS` exactly `netns`.
@@ -284,19 +274,7 @@ fn a_record_naming_the_hosts_namespace_should_never_be_deleted_there() {
     refused(&d, &run, "/proc/self/ns/net");
 
     // GC, which deletes from the record, with the record's namespace.
-    let stdin = serde_json::to_vec(&json!({
-        "cniVersion": "1.1.0",
-        "name": "plexus",
-        "type": "plexus-shim",
-        "daemonSocketDir": d.sock.parent().unwrap(),
-        "cni.dev/valid-attachments": [],
-    }))
-    .unwrap();
-    let gc = shim::run(
-        [("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")],
-        &stdin,
-    );
-    let (code, msg, all) = failed(&d, &gc);
+    let (code, msg, all) = failed(&d, &gc(&d, json!([])));
     assert_eq!(code, 4, "{all}");
     assert!(msg.contains("/proc/self/ns/net"), "{msg}");
 
@@ -318,10 +296,7 @@ fn a_record_naming_the_hosts_namespace_should_never_be_deleted_there() {
     let ns = Netns::new();
     let plugins = vec![json!({"type": "rec"})];
     plant_record(&e, &id, &ns.path, "eth0", "hostrec-net", plugins);
-    let gc = shim::run(
-        [("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")],
-        &stdin,
-    );
+    let gc = gc(&d, json!([]));
     assert_eq!(gc.code, Some(0), "{gc:?}\n{}", d.log_text());
     assert!(!e.record(&id).exists(), "GC left the record");
     assert_eq!(runs(&e), vec![format!("DEL {} eth0", ns.path)]);

@@ -323,12 +323,7 @@ fn sticky_dir_should_be_accepted_above_the_socket_dir_only() {
     let sock = mkdir(&sticky.join("sock"), 0o755);
     let mut d = Daemon::start(&dir, "d", json!({"socketDir": sock}));
     d.ready();
-    assert_eq!(
-        http::request(&d.sock, "GET", "/healthz", b"")
-            .unwrap()
-            .status,
-        200
-    );
+    assert_eq!(http::healthz(&d.sock), 200);
     d.terminate();
     assert!(d.wait_exit(T).success());
     let mut d = Daemon::start(&dir, "d2", json!({"socketDir": sticky}));
@@ -396,10 +391,7 @@ fn impostor_socket_should_not_make_the_daemon_step_down() {
             .unwrap_or(false)
     });
     assert!(d.running(), "the daemon stepped down:\n{}", d.log_text());
-    assert_eq!(
-        http::request(&path, "GET", "/healthz", b"").unwrap().status,
-        200
-    );
+    assert_eq!(http::healthz(&path), 200);
     let ready = http::request(&path, "GET", "/readyz", b"").unwrap();
     assert_eq!(ready.status, 200, "the daemon is draining");
     assert_eq!(

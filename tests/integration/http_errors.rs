@@ -27,6 +27,12 @@ fn assert_cni_error(r: &http::Response, status: u16) -> serde_json::Value {
     v
 }
 
+/// Asserts the daemon is still running and answers `/healthz`.
+fn assert_serving(d: &mut Daemon) {
+    assert!(d.running());
+    assert_eq!(http::healthz(&d.sock), 200);
+}
+
 #[test]
 fn malformed_requests_should_get_cni_errors_and_leave_daemon_serving() {
     let (_dir, mut d) = daemon("malformed");
@@ -59,11 +65,7 @@ fn malformed_requests_should_get_cni_errors_and_leave_daemon_serving() {
             .header("allow"),
         Some("POST")
     );
-    assert!(d.running());
-    assert_eq!(
-        http::request(s, "GET", "/healthz", b"").unwrap().status,
-        200
-    );
+    assert_serving(&mut d);
 }
 
 #[test]
@@ -112,13 +114,7 @@ fn oversize_bodies_should_get_413() {
     body.extend_from_slice(b"\"}");
     let r = http::request(&d.sock, "POST", "/cni", &body).unwrap();
     assert_cni_error(&r, 400);
-    assert!(d.running());
-    assert_eq!(
-        http::request(&d.sock, "GET", "/healthz", b"")
-            .unwrap()
-            .status,
-        200
-    );
+    assert_serving(&mut d);
 }
 
 #[test]
@@ -141,13 +137,7 @@ fn garbage_bytes_should_not_hurt_the_daemon() {
         let mut c = UnixStream::connect(&d.sock).unwrap();
         let _ = c.write_all(b"POST /cni HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"env\"");
     }
-    assert!(d.running());
-    assert_eq!(
-        http::request(&d.sock, "GET", "/healthz", b"")
-            .unwrap()
-            .status,
-        200
-    );
+    assert_serving(&mut d);
 }
 
 #[test]

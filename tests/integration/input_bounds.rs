@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{json, Map, Value};
 
-use crate::support::cni::{failed, ok, processes_matching, Call, Engine, DEFAULT_ARGS, SETTLE};
+use crate::support::cni::{
+    failed, gc, ok, processes_matching, runs, Call, Engine, DEFAULT_ARGS, SETTLE,
+};
 use crate::support::daemon::{wait_until, Daemon};
 use crate::support::http;
 use crate::support::netns::Netns;
-use crate::support::shim;
 
 /// Writes the fake `rec`, declaring the `portMappings` capability in
 /// network `net`: it appends `<command> <container id> <ifname>` to
@@ -40,14 +41,6 @@ fn recording_network(e: &Engine, net: &str) {
             {"type": "rec", "capabilities": {"portMappings": true}}
         ]}),
     );
-}
-
-fn runs(e: &Engine) -> Vec<String> {
-    fs::read_to_string(e.dir.join("runs"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 /// `POST /cni` with exactly `env` and `config` as the network config.
@@ -91,18 +84,7 @@ fn error(r: &http::Response, status: u16, code: u64) -> String {
 
 /// A GC that keeps nothing, through the shim: it must succeed.
 fn gc_everything(d: &Daemon) {
-    let stdin = serde_json::to_vec(&json!({
-        "cniVersion": "1.1.0",
-        "name": "plexus",
-        "type": "plexus-shim",
-        "daemonSocketDir": d.sock.parent().unwrap(),
-        "cni.dev/valid-attachments": [],
-    }))
-    .unwrap();
-    let gc = shim::run(
-        [("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")],
-        &stdin,
-    );
+    let gc = gc(d, json!([]));
     assert_eq!(gc.code, Some(0), "{gc:?}\n{}", d.log_text());
 }
 

@@ -14,6 +14,7 @@ use crate::support::cni::{conflist, failed, ok, Call, Engine};
 use crate::support::daemon::Daemon;
 use crate::support::kube::{pod_args, FakeApi, NETWORK_STATUS as STATUS, NODE};
 use crate::support::netns::{ip_ok, Link, Netns, Subnet};
+use crate::support::shim::Run;
 
 /// A node: the cluster network in confDir (its IPAM gives a default route
 /// via `<subnet 0>.1`), two NADs `ns1/blue` and `ns1/green` each on a
@@ -69,10 +70,7 @@ fn node(
         api.put_nad("ns1", name, Some(&config.to_string()), json!({}));
     }
     api.put_pod(ns, pod, uid, NODE, annotations(&subnets));
-    let mut config = engine.config("cluster", "20s");
-    api.configure(&engine.dir, &mut config, "2s");
-    let mut daemon = Daemon::start(&engine.dir, "d", config);
-    daemon.ready();
+    let daemon = api.start_daemon(&engine.dir, engine.config("cluster", "20s"), "2s");
     Node {
         engine,
         api,
@@ -101,6 +99,27 @@ fn default_routes(netns: &Netns) -> Vec<(String, String)> {
     out
 }
 
+/// Asserts the only default route in `netns` is via `gw` on `dev`.
+fn assert_default_route(netns: &Netns, dev: &str, gw: &str) {
+    assert_eq!(
+        default_routes(netns),
+        [(dev.to_string(), gw.to_string())],
+        "the pod's default routes"
+    );
+}
+
+/// The pod's annotations naming `networks`.
+fn networks(networks: &str) -> Value {
+    json!({"k8s.v1.cni.cncf.io/networks": networks})
+}
+
+/// ADD of the pod's sandbox (CNI_ARGS `args`) through plexus-shim.
+fn add(n: &Node, container_id: &str, netns: &Netns, args: &str) -> Run {
+    Call::new("ADD", container_id, netns, "eth0")
+        .args(args)
+        .run(&n.daemon)
+}
+
 /// DEL of the pod's sandbox; afterwards nothing of it is left.
 fn del_and_check(n: &Node, container_id: &str, netns: &Netns, args: &str, ifnames: &[&str]) {
     ok(
@@ -126,20 +145,11 @@ fn a_default_route_element_should_take_the_pods_default_route_from_the_cluster_n
     let gw = gateway(&n.subnets[1]);
     let netns = Netns::new();
     let args = pod_args(ns, pod, uid);
-    let result = ok(
-        &n.daemon,
-        &Call::new("ADD", "k8sdr1", &netns, "eth0")
-            .args(&args)
-            .run(&n.daemon),
-    );
+    let result = ok(&n.daemon, &add(&n, "k8sdr1", &netns, &args));
     assert!(netns.iface("eth0").is_some() && netns.iface("net1").is_some());
     // Only net1 holds a default route, via the requested gateway; the
     // cluster network's (its IPAM installed one) is gone.
-    assert_eq!(
-        default_routes(&netns),
-        [("net1".to_string(), gw.clone())],
-        "the pod's default routes"
-    );
+    assert_default_route(&netns, "net1", &gw);
     // The result returned to the runtime is the cluster network's, as its
     // plugins answered it: its default route is still listed.
     let routes = result["routes"].as_array().cloned().unwrap_or_default();
@@ -161,18 +171,10 @@ fn two_ipv4_gateways_should_fail_the_add_before_anything_is_attached() {
     ])
     .to_string();
     let (ns, pod, uid) = ("ns1", "ecmp", "uid-ecmp");
-    let n = node(
-        "k8s-ecmp",
-        ns,
-        pod,
-        uid,
-        |_| json!({"k8s.v1.cni.cncf.io/networks": annotation}),
-    );
+    let n = node("k8s-ecmp", ns, pod, uid, |_| networks(&annotation));
     let netns = Netns::new();
     let mark = n.api.mark();
-    let run = Call::new("ADD", "k8secmp1", &netns, "eth0")
-        .args(&pod_args(ns, pod, uid))
-        .run(&n.daemon);
+    let run = add(&n, "k8secmp1", &netns, &pod_args(ns, pod, uid));
     let (code, msg, _) = failed(&n.daemon, &run);
     assert_eq!(code, 7, "{msg}");
     assert!(
@@ -196,27 +198,12 @@ fn two_ipv4_gateways_should_fail_the_add_before_anything_is_attached() {
 #[test]
 fn without_the_key_the_plugins_routes_should_stay() {
     let (ns, pod, uid) = ("ns1", "plain", "uid-plain");
-    let n = node(
-        "k8s-nodr",
-        ns,
-        pod,
-        uid,
-        |_| json!({"k8s.v1.cni.cncf.io/networks": "blue"}),
-    );
+    let n = node("k8s-nodr", ns, pod, uid, |_| networks("blue"));
     let netns = Netns::new();
     let args = pod_args(ns, pod, uid);
-    ok(
-        &n.daemon,
-        &Call::new("ADD", "k8snodr1", &netns, "eth0")
-            .args(&args)
-            .run(&n.daemon),
-    );
+    ok(&n.daemon, &add(&n, "k8snodr1", &netns, &args));
     assert!(netns.iface("net1").is_some());
-    assert_eq!(
-        default_routes(&netns),
-        [("eth0".to_string(), gateway(&n.subnets[0]))],
-        "the pod's default routes"
-    );
+    assert_default_route(&netns, "eth0", &gateway(&n.subnets[0]));
     del_and_check(&n, "k8snodr1", &netns, &args, &["eth0", "net1"]);
 }
 
@@ -226,27 +213,12 @@ fn without_the_key_the_plugins_routes_should_stay() {
 fn an_empty_list_should_leave_other_networks_default_routes() {
     let annotation = json!([{"name": "blue", "default-route": []}]).to_string();
     let (ns, pod, uid) = ("ns1", "none", "uid-none");
-    let n = node(
-        "k8s-drnone",
-        ns,
-        pod,
-        uid,
-        |_| json!({"k8s.v1.cni.cncf.io/networks": annotation}),
-    );
+    let n = node("k8s-drnone", ns, pod, uid, |_| networks(&annotation));
     let netns = Netns::new();
     let args = pod_args(ns, pod, uid);
-    ok(
-        &n.daemon,
-        &Call::new("ADD", "k8sdrnone1", &netns, "eth0")
-            .args(&args)
-            .run(&n.daemon),
-    );
+    ok(&n.daemon, &add(&n, "k8sdrnone1", &netns, &args));
     assert!(netns.iface("net1").is_some() && netns.iface("eth0").is_some());
-    assert_eq!(
-        default_routes(&netns),
-        [("eth0".to_string(), gateway(&n.subnets[0]))],
-        "the pod's default routes"
-    );
+    assert_default_route(&netns, "eth0", &gateway(&n.subnets[0]));
     del_and_check(&n, "k8sdrnone1", &netns, &args, &["eth0", "net1"]);
 }
 
@@ -256,18 +228,10 @@ fn an_unreachable_gateway_should_fail_the_add_and_leave_it_for_del() {
     // refuses the route.
     let annotation = json!([{"name": "blue", "default-route": ["192.0.2.1"]}]).to_string();
     let (ns, pod, uid) = ("ns1", "bad", "uid-bad");
-    let n = node(
-        "k8s-drbad",
-        ns,
-        pod,
-        uid,
-        |_| json!({"k8s.v1.cni.cncf.io/networks": annotation}),
-    );
+    let n = node("k8s-drbad", ns, pod, uid, |_| networks(&annotation));
     let netns = Netns::new();
     let args = pod_args(ns, pod, uid);
-    let run = Call::new("ADD", "k8sdrbad1", &netns, "eth0")
-        .args(&args)
-        .run(&n.daemon);
+    let run = add(&n, "k8sdrbad1", &netns, &args);
     let (_, msg, _) = failed(&n.daemon, &run);
     assert!(
         msg.contains("net1") && msg.contains("192.0.2.1"),
@@ -300,17 +264,8 @@ fn the_default_network_elements_default_route_should_be_honoured() {
     });
     let netns = Netns::new();
     let args = pod_args(ns, pod, uid);
-    ok(
-        &n.daemon,
-        &Call::new("ADD", "k8sdrdn1", &netns, "eth0")
-            .args(&args)
-            .run(&n.daemon),
-    );
+    ok(&n.daemon, &add(&n, "k8sdrdn1", &netns, &args));
     // eth0 is blue's (no IPAM default route of its own), net1 green's.
-    assert_eq!(
-        default_routes(&netns),
-        [("eth0".to_string(), gateway(&n.subnets[1]))],
-        "the pod's default routes"
-    );
+    assert_default_route(&netns, "eth0", &gateway(&n.subnets[1]));
     del_and_check(&n, "k8sdrdn1", &netns, &args, &["eth0", "net1"]);
 }

@@ -90,12 +90,10 @@ fn node<T>(tag: &str, annotation: &str, before_start: impl FnOnce(&Node0) -> T) 
     std::fs::create_dir_all(n0.devinfo.join("dp")).unwrap();
     let extra = before_start(&n0);
     let mut config = engine.config("cluster", "20s");
-    api.configure(&engine.dir, &mut config, "1s");
     config["podResourcesSocket"] = json!(n0.socket);
     config["deviceCheckpointFile"] = json!(n0.checkpoint);
     config["deviceInfoDir"] = json!(n0.devinfo);
-    let mut daemon = Daemon::start(&engine.dir, "d", config);
-    daemon.ready();
+    let daemon = api.start_daemon(&engine.dir, config, "1s");
     (
         Node {
             engine,

@@ -53,10 +53,7 @@ fn node(tag: &str, pods: Vec<Pod<'_>>, extra_nads: Vec<(&str, &str, String)>) ->
     for (ns, name, uid, annotations) in pods {
         api.put_pod(ns, name, uid, NODE, annotations);
     }
-    let mut config = engine.config("cluster", "20s");
-    api.configure(&engine.dir, &mut config, "2s");
-    let mut daemon = Daemon::start(&engine.dir, "d", config);
-    daemon.ready();
+    let daemon = api.start_daemon(&engine.dir, engine.config("cluster", "20s"), "2s");
     Node {
         engine,
         api,

@@ -69,12 +69,10 @@ fn node_with(
     }
     let mut config = engine.config("cluster", "20s");
     config["defaultNetworks"] = json!(["lan"]);
-    api.configure(&engine.dir, &mut config, "1s");
     for (k, v) in extra.as_object().unwrap() {
         config[k] = v.clone();
     }
-    let mut daemon = Daemon::start(&engine.dir, "d", config);
-    daemon.ready();
+    let daemon = api.start_daemon(&engine.dir, config, "1s");
     Node {
         engine,
         api,

@@ -15,14 +15,6 @@ const T: Duration = Duration::from_secs(20);
 /// The listener's cap (server::metrics_port::MAX_CONNECTIONS).
 const CAP: usize = 16;
 
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind((ip, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn fds(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -41,7 +33,7 @@ fn get_metrics(ip: &str, port: u16) -> std::io::Result<http::Response> {
 #[test]
 fn flood_of_idle_connections_should_not_pin_descriptors() {
     let dir = TestDir::new("metrics-flood");
-    let port = free_port("127.0.0.1");
+    let port = http::free_port("127.0.0.1");
     let mut d = Daemon::start(&dir, "d", json!({"metricsPort": port}));
     d.ready();
     let before = fds(d.pid());
@@ -68,7 +60,7 @@ fn flood_of_idle_connections_should_not_pin_descriptors() {
 #[test]
 fn metrics_bind_address_should_be_honoured() {
     let dir = TestDir::new("metrics-addr");
-    let port = free_port("127.0.0.2");
+    let port = http::free_port("127.0.0.2");
     let mut d = Daemon::start(
         &dir,
         "d",
@@ -87,7 +79,7 @@ fn metrics_bind_address_should_be_honoured() {
 #[test]
 fn default_metrics_address_should_be_loopback_only() {
     let dir = TestDir::new("metrics-default");
-    let port = free_port("127.0.0.1");
+    let port = http::free_port("127.0.0.1");
     let mut d = Daemon::start(&dir, "d", json!({"metricsPort": port}));
     d.ready();
     assert_eq!(get_metrics("127.0.0.1", port).unwrap().status, 200);
@@ -101,7 +93,7 @@ fn default_metrics_address_should_be_loopback_only() {
 #[test]
 fn drain_should_close_metrics_connections() {
     let dir = TestDir::new("metrics-drain");
-    let port = free_port("127.0.0.1");
+    let port = http::free_port("127.0.0.1");
     let cfg = json!({"metricsPort": port, "readTimeout": "60s", "shutdownTimeout": "60s"});
     let mut d = Daemon::start(&dir, "d", cfg);
     d.ready();

@@ -80,6 +80,17 @@ fn wait_readyz(d: &Daemon, status: u16, needle: &str) -> Value {
     last.1
 }
 
+/// Asserts the answer's msg names `file`.
+fn assert_names(body: &Value, file: &Path) {
+    assert!(
+        body["msg"]
+            .as_str()
+            .unwrap()
+            .contains(&file.display().to_string()),
+        "{body}"
+    );
+}
+
 fn create(file: &Path) {
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
     std::fs::write(file, b"").unwrap();
@@ -92,13 +103,7 @@ fn an_add_should_wait_for_the_file_then_fail_with_code_11_and_attach_nothing() {
     let (status, body) = readyz(d);
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["code"], 11, "{body}");
-    assert!(
-        body["msg"]
-            .as_str()
-            .unwrap()
-            .contains(&t.file.display().to_string()),
-        "{body}"
-    );
+    assert_names(&body, &t.file);
     let ns = Netns::new();
     let started = Instant::now();
     let run = Call::new("ADD", "rif-absent-1", &ns, "eth0").run(d);
@@ -158,13 +163,7 @@ fn the_file_going_away_should_make_adds_wait_again_but_not_dels_nor_stop_the_dae
 
     std::fs::remove_file(&t.file).unwrap();
     let body = wait_readyz(&t.daemon, 503, "does not exist");
-    assert!(
-        body["msg"]
-            .as_str()
-            .unwrap()
-            .contains(&t.file.display().to_string()),
-        "{body}"
-    );
+    assert_names(&body, &t.file);
     t.daemon.wait_notify(
         "STATUS=serving, not ready: the readiness indicator file",
         Duration::from_secs(10),

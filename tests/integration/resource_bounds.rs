@@ -113,6 +113,21 @@ fn shim_add(sock: &Path, id: &str, ns: &Netns, timeout: &str) -> Run {
     shim::run(Call::new("ADD", id, ns, "eth0").env(), &stdin)
 }
 
+/// An ADD as [`shim_add`] with a 10 s deadline, asserted to succeed (the
+/// failure shows `log_text()`, the daemon's log); returns how long it took.
+fn timed_add(sock: &Path, id: &str, ns: &Netns, log_text: impl FnOnce() -> String) -> Duration {
+    let t0 = Instant::now();
+    let run = shim_add(sock, id, ns, "10s");
+    let took = t0.elapsed();
+    assert_eq!(
+        run.code,
+        Some(0),
+        "ADD failed: {run:?}\n--- plexusd log ---\n{}",
+        log_text()
+    );
+    took
+}
+
 /// A metric of the daemon at `sock`, read through the socket.
 fn metric(sock: &Path, name: &str) -> Option<u64> {
     let r = http::request(sock, "GET", "/metrics", b"").ok()?;
@@ -430,15 +445,7 @@ fn low_nofile_should_keep_descriptors_for_plugin_runs() {
     let ns = Netns::new();
     let idle = idle_flood(&d.sock, 300);
     println!("{} idle connections opened", idle.len());
-    let t0 = Instant::now();
-    let run = shim_add(&d.sock, "fd-add", &ns, "10s");
-    let took = t0.elapsed();
-    assert_eq!(
-        run.code,
-        Some(0),
-        "ADD failed: {run:?}\n--- plexusd log ---\n{}",
-        d.log_text()
-    );
+    let took = timed_add(&d.sock, "fd-add", &ns, || d.log_text());
     println!(
         "ADD with {} idle connections at 128 descriptors took {took:?}; daemon fds {}",
         idle.len(),
@@ -481,15 +488,7 @@ fn idle_connections_at_the_cap_should_make_room_for_a_real_call() {
     let mut idle = idle_flood(&d.sock, flood);
     let opened = t_flood.elapsed();
 
-    let t0 = Instant::now();
-    let run = shim_add(&d.sock, "fast-add", &ns, "10s");
-    let took = t0.elapsed();
-    assert_eq!(
-        run.code,
-        Some(0),
-        "ADD failed: {run:?}\n--- plexusd log ---\n{}",
-        d.log_text()
-    );
+    let took = timed_add(&d.sock, "fast-add", &ns, || d.log_text());
     println!(
         "{} idle connections opened in {opened:?}; ADD took {took:?}",
         idle.len()

@@ -119,6 +119,12 @@ impl Server {
     }
 }
 
+/// Asserts a failed call with CNI error `code` whose msg contains `needle`.
+fn assert_error_contains(run: &Run, code: u32, needle: &str) {
+    let err = run.error(code);
+    assert!(err["msg"].as_str().unwrap().contains(needle), "{run:?}");
+}
+
 /// The fixed 1.1.0 result the fake daemon answers every ADD with.
 fn result_1_1() -> Value {
     json!({
@@ -379,14 +385,7 @@ fn add_against_real_plexusd_should_pass_its_code_7_through() {
     let mut d = Daemon::start(&dir, "d", json!({}));
     d.ready();
     let run = shim(&env("ADD"), &conf("1.0.0", &d.sock, json!({})));
-    let err = run.error(7);
-    assert!(
-        err["msg"]
-            .as_str()
-            .unwrap()
-            .contains("no networks are configured"),
-        "{run:?}"
-    );
+    assert_error_contains(&run, 7, "no networks are configured");
     assert_eq!(run.stderr, "", "the daemon was up: no waiting");
 }
 
@@ -520,11 +519,7 @@ fn full_backlog_should_not_hold_the_shim_past_connect_timeout() {
             json!({"connectTimeout": "300ms", "timeout": "60s"}),
         ),
     );
-    let err = run.error(11);
-    assert!(
-        err["msg"].as_str().unwrap().contains("try again later"),
-        "{run:?}"
-    );
+    assert_error_contains(&run, 11, "try again later");
     assert!(run.stderr.contains("waiting for the daemon"), "{run:?}");
 }
 
@@ -539,11 +534,7 @@ fn overall_timeout_should_bound_the_connect_window() {
             json!({"connectTimeout": "1h", "timeout": "300ms"}),
         ),
     );
-    let err = run.error(11);
-    assert!(
-        err["msg"].as_str().unwrap().contains("retried for 300ms"),
-        "{run:?}"
-    );
+    assert_error_contains(&run, 11, "retried for 300ms");
 }
 
 #[test]
@@ -616,14 +607,7 @@ fn add_with_an_invalid_result_should_give_code_102() {
         ))
     });
     let run = shim(&env("ADD"), &conf("1.0.0", &s.sock, json!({})));
-    let err = run.error(102);
-    assert!(
-        err["msg"]
-            .as_str()
-            .unwrap()
-            .contains("invalid answer from the daemon"),
-        "{run:?}"
-    );
+    assert_error_contains(&run, 102, "invalid answer from the daemon");
 }
 
 // ---------------------------------------------------------------------------

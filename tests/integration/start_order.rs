@@ -3,7 +3,6 @@
 //! its socket over the path, so one that fails leaves the running daemon
 //! serving: same socket, same pid, not draining.
 
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
@@ -33,10 +32,7 @@ fn failing_successor_should_leave_the_daemon_serving(name: &str, successor: Valu
         "the path no longer names A's socket"
     );
     assert!(a.running(), "A stopped:\n{}", a.log_text());
-    assert_eq!(
-        http::request(&path, "GET", "/healthz", b"").unwrap().status,
-        200
-    );
+    assert_eq!(http::healthz(&path), 200);
     let ready = http::request(&path, "GET", "/readyz", b"").unwrap();
     assert_eq!(ready.status, 200, "A is draining:\n{}", a.log_text());
     // A never saw a takeover: it stops for the signal only.
@@ -86,24 +82,6 @@ fn successor_with_an_unsafe_state_dir_should_leave_the_daemon_serving() {
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn metrics_over_tcp(port: u16) -> http::Response {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    s.set_read_timeout(Some(T)).unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).unwrap();
-    http::parse_response(&buf).unwrap()
-}
-
 /// Each successor binds the metrics port while its predecessor still
 /// holds it (SO_REUSEPORT), takes the path over, and the predecessor
 /// drains and exits: one daemon at the end, serving both.
@@ -111,7 +89,7 @@ fn metrics_over_tcp(port: u16) -> http::Response {
 fn overlapping_restarts_with_a_metrics_port_should_end_with_one_daemon() {
     const RESTARTS: usize = 20;
     let dir = TestDir::new("order-restarts");
-    let port = free_port();
+    let port = http::free_port("127.0.0.1");
     let cfg = json!({"metricsPort": port});
     let mut daemons: Vec<Daemon> = Vec::new();
     for i in 0..RESTARTS {
@@ -126,11 +104,8 @@ fn overlapping_restarts_with_a_metrics_port_should_end_with_one_daemon() {
     }
     assert!(last.running());
     let path = last.sock.clone();
-    assert_eq!(
-        http::request(&path, "GET", "/healthz", b"").unwrap().status,
-        200
-    );
-    assert_eq!(metrics_over_tcp(port).status, 200);
+    assert_eq!(http::healthz(&path), 200);
+    assert_eq!(http::metrics_over_tcp(port).status, 200);
     last.terminate();
     assert!(last.wait_exit(T).success());
     assert!(!Path::new(&path).exists());

@@ -419,6 +419,22 @@ pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
 /// How long tests wait for the system to settle (processes to go away).
 pub const SETTLE: Duration = Duration::from_secs(10);
 
+/// The lines of `<dir>/runs`, where a test's recording fake plugin notes
+/// each of its runs.
+pub fn runs(e: &Engine) -> Vec<String> {
+    fs::read_to_string(e.dir.join("runs"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A GC through plexus-shim with `valid` as the valid attachments, run to
+/// completion.
+pub fn gc(daemon: &Daemon, valid: Value) -> Run {
+    shim::finish(gc_call(daemon, valid))
+}
+
 /// A GC through plexus-shim (started, not waited for) with `valid` as the
 /// valid attachments.
 pub fn gc_call(daemon: &Daemon, valid: Value) -> Child {

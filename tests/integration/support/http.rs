@@ -56,6 +56,32 @@ pub fn request(sock: &Path, method: &str, path: &str, body: &[u8]) -> io::Result
     send_raw(sock, &raw)
 }
 
+/// `GET /healthz` at `sock`: the answer's status.
+pub fn healthz(sock: &Path) -> u16 {
+    request(sock, "GET", "/healthz", b"").unwrap().status
+}
+
+/// A TCP port on `ip` that was free when asked.
+pub fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET /metrics` over TCP at 127.0.0.1:`port`, read until the server
+/// closes the connection.
+pub fn metrics_over_tcp(port: u16) -> Response {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    parse_response(&buf).unwrap()
+}
+
 /// A raw HTTP request (a capture) with its body rewritten by `edit` and
 /// its Content-Length set to match.
 pub fn edit_body(raw: &[u8], edit: impl FnOnce(&str) -> String) -> Vec<u8> {

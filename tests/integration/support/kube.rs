@@ -215,6 +215,20 @@ impl FakeApi {
         config["kubernetesRequestTimeout"] = json!(request_timeout);
     }
 
+    /// Starts plexusd (config `<dir>/d.json`) on `config` pointed at this
+    /// server by [`FakeApi::configure`], and waits until it is ready.
+    pub fn start_daemon(
+        &self,
+        dir: &super::daemon::TestDir,
+        mut config: Value,
+        request_timeout: &str,
+    ) -> super::daemon::Daemon {
+        self.configure(dir, &mut config, request_timeout);
+        let mut daemon = super::daemon::Daemon::start(dir, "d", config);
+        daemon.ready();
+        daemon
+    }
+
     /// The pod's network-status annotation, if it has one.
     pub fn network_status(&self, namespace: &str, name: &str) -> Option<String> {
         self.pod(namespace, name)?["metadata"]["annotations"][NETWORK_STATUS]

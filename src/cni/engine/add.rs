@@ -13,7 +13,7 @@ use crate::cni::state::{Attachment, Delegate, Durability, Record, State};
 use crate::netconf::Invocation;
 
 /// An ADD whose networks were all added, before the record's last write.
-pub(super) struct AddPending {
+struct AddPending {
     pub(super) record: Record,
     /// The attachment the ADD made (one delegate per network).
     pub(super) slot: usize,
@@ -122,12 +122,7 @@ impl Engine {
 
     /// Rolls back every network of an ADD whose last record write failed
     /// with `cause`.
-    pub(super) async fn roll_back_saved(
-        &self,
-        inv: &Invocation,
-        pending: AddPending,
-        cause: Error,
-    ) -> Error {
+    async fn roll_back_saved(&self, inv: &Invocation, pending: AddPending, cause: Error) -> Error {
         let AddPending { mut record, slot } = pending;
         let last = record.attachments[slot].delegates.len().saturating_sub(1);
         self.roll_back(inv, &mut record, slot, last, None, cause)
@@ -136,7 +131,7 @@ impl Engine {
 
     /// [`Engine::add_locked`] up to the record's last write, which is the
     /// caller's: every network added, its result in the record.
-    pub(super) async fn add_unsaved(
+    async fn add_unsaved(
         &self,
         inv: &Invocation,
         cap_args: Map<String, Value>,
@@ -247,7 +242,7 @@ impl Engine {
     /// Undoes networks `0..=failed` of attachment `slot` after `cause`;
     /// drops the attachment from the record when that worked, keeps it
     /// (for the runtime's DEL) when it did not. Returns the error to report.
-    pub(super) async fn roll_back(
+    async fn roll_back(
         &self,
         inv: &Invocation,
         record: &mut Record,

@@ -138,7 +138,7 @@ pub(super) fn convert_for(result: &Value, version: &str) -> Option<Value> {
 
 /// Parses a plugin's ADD output leniently (libcni's rules): a missing
 /// `cniVersion` is the version the plugin was called with.
-pub(super) fn parse_result(out: &[u8], version: &str) -> Result<Value, String> {
+fn parse_result(out: &[u8], version: &str) -> Result<Value, String> {
     if out.iter().all(|b| b.is_ascii_whitespace()) {
         return Err("it printed nothing on success".into());
     }
@@ -169,7 +169,7 @@ impl Engine {
     }
 
     /// The version to run `plugin` at for a network with `candidates`.
-    pub(super) async fn version_for(
+    async fn version_for(
         &self,
         list: &NetworkList,
         candidates: &[String],
@@ -193,7 +193,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn candidates(list: &NetworkList) -> Result<Vec<String>, Error> {
+    fn candidates(list: &NetworkList) -> Result<Vec<String>, Error> {
         let c = list.candidate_versions();
         if c.is_empty() {
             return Err(Error::new(

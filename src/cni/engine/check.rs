@@ -24,7 +24,7 @@ impl Engine {
         out
     }
 
-    pub(super) async fn check_locked(&self, inv: &Invocation, loaded: Loaded) -> Result<(), Error> {
+    async fn check_locked(&self, inv: &Invocation, loaded: Loaded) -> Result<(), Error> {
         let record = loaded.record;
         let Some(att) = record.as_ref().and_then(|r| r.attachment(&inv.ifname)) else {
             if let Multus::Delegates(delegates) = self.load_multus(&inv.container_id).await? {

@@ -45,7 +45,7 @@ impl Engine {
     /// `CNIDeviceInfoFile` capability argument), when that names a file
     /// directly in the device-info directory's `cni/`; any other path is
     /// left alone.
-    pub(super) async fn remove_device_info(&self, cap_args: &Map<String, Value>) {
+    async fn remove_device_info(&self, cap_args: &Map<String, Value>) {
         let Some(file) = cap_args.get("CNIDeviceInfoFile").and_then(Value::as_str) else {
             return;
         };
@@ -103,7 +103,7 @@ impl Engine {
         }
     }
 
-    pub(super) async fn del_or_fall_back<F, Fut>(
+    async fn del_or_fall_back<F, Fut>(
         &self,
         inv: &Invocation,
         cap_args: Map<String, Value>,
@@ -231,7 +231,7 @@ impl Engine {
 
     /// [`Engine::del_attachment`] leaving the record's write to the
     /// caller; plugins in `found` are taken as located.
-    pub(super) async fn del_attachment_unsaved(
+    async fn del_attachment_unsaved(
         &self,
         inv: &Invocation,
         netns: &str,

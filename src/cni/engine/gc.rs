@@ -13,7 +13,7 @@ use crate::cni::exec::{CallEnv, Plugin};
 use crate::cni::state::Attachment;
 use crate::netconf::{at_least, Invocation, NetworkList};
 
-pub(super) fn is_valid(id: &str, att: &Attachment, valid: &BTreeSet<(String, String)>) -> bool {
+fn is_valid(id: &str, att: &Attachment, valid: &BTreeSet<(String, String)>) -> bool {
     let listed = |ifname: &str| valid.contains(&(id.to_string(), ifname.to_string()));
     listed(&att.ifname) || att.hot_plugged_into.as_deref().is_some_and(listed)
 }
@@ -69,7 +69,7 @@ impl Engine {
     /// DELs the stale attachments of container `id`, locked by the caller,
     /// which loaded `loaded` under that lock (a damaged record was moved
     /// aside then, and is skipped).
-    pub(super) async fn gc_container(
+    async fn gc_container(
         &self,
         id: &str,
         loaded: Loaded,
@@ -119,7 +119,7 @@ impl Engine {
     /// speaks 1.1.0, with every recorded attachment but the `failed` stale
     /// ones as the valid attachments, and every attachment in multus's
     /// result cache but those of the `multus_failed` containers.
-    pub(super) async fn gc_plugins(
+    async fn gc_plugins(
         &self,
         lists: &[NetworkList],
         failed: &BTreeSet<(String, String)>,

@@ -21,7 +21,7 @@ use crate::cni::state::{Durability, Held, MarkerState, Markers, Record, Released
 
 /// How long a plugin group left by an earlier daemon may take to die after
 /// SIGKILL before the call gives up ("try again later").
-pub(super) const STALE_GROUP_WAIT: Duration = Duration::from_secs(5);
+const STALE_GROUP_WAIT: Duration = Duration::from_secs(5);
 
 /// Everything one operation on a container holds. Taken in the order
 /// gc, gc_file, container, file (the GC phase takes gc then gc_file and no
@@ -126,13 +126,7 @@ pub(super) fn clear_marker(
 /// when its record is gone: nobody can make a new record without the lock,
 /// and a waiter on the unlinked file starts over (state::Locks); else the
 /// marker of a reaped plugin is emptied first.
-pub(super) fn release_files(
-    store: &Arc<dyn Records>,
-    id: &str,
-    marker: Released,
-    file: Held,
-    gc_file: Held,
-) {
+fn release_files(store: &Arc<dyn Records>, id: &str, marker: Released, file: Held, gc_file: Held) {
     if store.exists(id) {
         marker.settle(&file);
         drop(file);
@@ -147,7 +141,7 @@ pub(super) type SetAside = (state::Error, PathBuf);
 
 /// The record of `id` (the caller holds its lock); a damaged one is moved
 /// aside (bytes kept). Blocking.
-pub(super) fn load_now(
+fn load_now(
     store: &dyn Records,
     id: &str,
 ) -> Result<(Option<Record>, Option<SetAside>), state::Error> {
@@ -162,10 +156,7 @@ pub(super) fn load_now(
 }
 
 /// [`load_now`]'s answer, with a damaged record logged by container id.
-pub(super) fn loaded_logged(
-    id: &str,
-    (record, moved): (Option<Record>, Option<SetAside>),
-) -> Loaded {
+fn loaded_logged(id: &str, (record, moved): (Option<Record>, Option<SetAside>)) -> Loaded {
     if let Some((why, to)) = &moved {
         tracing::error!(container_id = %id, cause = %why, moved_to = %to.display(), "damaged attachment record moved aside; the container is treated as having no record");
     }
@@ -349,7 +340,7 @@ impl Engine {
     /// When `work` fails, the locks are handed back, still held, with its
     /// error; `None` in their place means they are released already (the
     /// trip could not run: the runtime is shutting down).
-    pub(super) async fn unlock_after<'a, T: Send + 'static>(
+    async fn unlock_after<'a, T: Send + 'static>(
         &'a self,
         id: &str,
         lock: OpLock<'a>,
@@ -400,7 +391,7 @@ impl Engine {
         }
     }
 
-    pub(super) async fn lock_container(&self, id: &str) -> ContainerLock<'_> {
+    async fn lock_container(&self, id: &str) -> ContainerLock<'_> {
         let mutex = {
             let mut map = self.containers.lock().unwrap_or_else(|e| e.into_inner());
             map.entry(id.to_string()).or_default().clone()

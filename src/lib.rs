@@ -74,8 +74,9 @@
 //!   `handler`, `notify`); `cli` uses only `config`.
 //! - Only `daemon` wires modules together, and only the `plexusd` binary
 //!   uses `daemon`.
-//! - `shim` uses `api`, `result` and `duration` only (std-only modules, so
-//!   the plugin stays small).
+//! - `shim` uses `api`, `result`, `duration` and `trust` only (std-only
+//!   modules, so the plugin stays small; `trust` decides whose socket it
+//!   may talk to).
 
 pub mod activation;
 pub mod api;

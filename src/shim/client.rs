@@ -8,6 +8,7 @@
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::config::Config;
 use super::http::{self, Response};
 use crate::api::{self, code, CniError};
-use crate::duration;
+use crate::{duration, trust};
 
 /// First pause between connection attempts; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
@@ -78,12 +79,26 @@ impl<'a> Client<'a> {
         let until = (self.started + self.config.connect_timeout).min(self.deadline);
         let mut backoff = FIRST_BACKOFF;
         let mut waited = false;
+        let refuse = |why: String| {
+            CniError::new(
+                code::IO_FAILURE,
+                format!(
+                    "refusing the daemon socket at {}: {why}; only a daemon run by root (or by \
+                     this plugin's own user) may answer CNI calls",
+                    self.path()
+                ),
+            )
+        };
         loop {
             let window = until
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1));
+            check_socket_path(&self.config.socket).map_err(&refuse)?;
             let err = match connect_once(&self.config.socket, window) {
-                Ok(stream) => return Ok(stream),
+                Ok(stream) => {
+                    check_peer(&stream).map_err(&refuse)?;
+                    return Ok(stream);
+                }
                 Err(e) => e,
             };
             if !is_transient(&err) {
@@ -151,6 +166,57 @@ pub(super) fn bad_answer(socket: &Path, why: &str) -> CniError {
             socket.display()
         ),
     )
+}
+
+/// Refuses a socket path another user controls: a directory on the way
+/// that another user owns or may write (a sticky one such as `/tmp` may
+/// hold the socket, whose own owner is checked), a symbolic link another
+/// user owns, or a socket another user owns. Root and the plugin's own
+/// user are trusted ([`trust`]'s rules). A path that does not exist yet
+/// passes: the connect says so.
+fn check_socket_path(path: &Path) -> Result<(), String> {
+    trust::check_file(path).map_err(|e| e.to_string())?;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !trust::trusted_owner(meta.uid()) => Err(format!(
+            "it is owned by uid {} (mode {:04o})",
+            meta.uid(),
+            meta.mode() & 0o7777
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a connection whose listening end another user made: the
+/// kernel's record of who called listen(2) (SO_PEERCRED), which no file
+/// swapped in after [`check_socket_path`] can change.
+fn check_peer(stream: &UnixStream) -> Result<(), String> {
+    // SAFETY: ucred is plain old data, for which all zeroes is valid.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt(2) on a descriptor `stream` owns, writing at most
+    // `len` bytes into `cred`, which we own.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "cannot tell who listens on it: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    if !trust::trusted_owner(cred.uid) {
+        return Err(format!(
+            "it is served by process {} of uid {}",
+            cred.pid, cred.uid
+        ));
+    }
+    Ok(())
 }
 
 /// Whether a failed connect may succeed later: no socket yet, nobody

@@ -5,8 +5,9 @@
 //! both daemons) converted to the shim config's `cniVersion`.
 //!
 //! The shim must stay small and start fast: it uses std, serde_json and
-//! base64 (through [`api`](crate::api)), [`result`](crate::result) and the
-//! std-only [`duration`](crate::duration) parser, with a blocking
+//! base64 (through [`api`](crate::api)), [`result`](crate::result), the
+//! std-only [`duration`](crate::duration) parser and [`trust`](crate::trust)
+//! (it talks only to a socket, and a daemon, that root owns), with a blocking
 //! [`UnixStream`](std::os::unix::net::UnixStream) and a small HTTP/1.1
 //! client. No async runtime, no logging framework. Everything after the
 //! pre-checks is bounded by the overall deadline (`timeout`), including a

@@ -56,7 +56,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
         ],
     ),
     // Beside it.
-    ("shim", &["api", "duration", "result"]),
+    ("shim", &["api", "duration", "result", "trust"]),
     ("autoconf", &["result", "trust"]),
     ("cli", &["config"]),
     (

@@ -514,3 +514,84 @@ fn bind_under_umask_000_should_never_let_another_user_connect() {
     );
     eprintln!("{STARTS} starts under umask 000 in {elapsed:?}, no foreign connection");
 }
+
+/// A pod's ADD through the shim to the socket at `sock`.
+fn shim_add(sock: &Path) -> crate::support::shim::Run {
+    let config = json!({
+        "cniVersion": "1.0.0",
+        "name": "plexus-net",
+        "type": "plexus-shim",
+        "socketPath": sock,
+        "connectTimeout": "2s",
+    });
+    crate::support::shim::run(
+        [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "impostor-target"),
+            ("CNI_NETNS", "/run/netns/impostor-target"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/usr/lib/cni"),
+        ],
+        serde_json::to_vec(&config).unwrap().as_slice(),
+    )
+}
+
+/// With no plexusd running, another user places a socket where the shim
+/// looks for the daemon (a sticky, world-writable directory like /tmp, or
+/// a directory of that user's own): the shim, run as root by the runtime,
+/// sends nothing there and says why.
+#[test]
+fn the_shim_should_talk_to_no_socket_another_user_placed() {
+    let dir = TestDir::new("hostile-shim");
+    let sticky = mkdir(&dir.join("sticky"), 0o1777);
+    let path = sticky.join("plexus.sock");
+    let mut imp = Helper::start("impostor", &path);
+    imp.wait_line("PLACED ");
+    let run = shim_add(&path);
+    let err = run.error(5);
+    let msg = err["msg"].as_str().unwrap();
+    assert!(
+        msg.contains(&path.display().to_string()) && msg.contains("owned by uid 65534"),
+        "{msg}"
+    );
+    let printed = imp.finish();
+    assert!(
+        !printed.iter().any(|l| l == "ACCEPTED"),
+        "the impostor got a connection: {printed:?}"
+    );
+
+    // A directory of the other user's own on the socket's path.
+    let theirs = mkdir(&dir.join("theirs"), 0o755);
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let path = theirs.join("plexus.sock");
+    let mut imp = Helper::start("impostor", &path);
+    imp.wait_line("PLACED ");
+    let err = shim_add(&path).error(5);
+    let msg = err["msg"].as_str().unwrap();
+    assert!(
+        msg.contains(&theirs.display().to_string()) && msg.contains("uid 65534"),
+        "{msg}"
+    );
+    assert!(!imp.finish().iter().any(|l| l == "ACCEPTED"));
+}
+
+/// The socket file passes every check (root's, in root's directory) but
+/// the process listening on it is another user's, as after a swap between
+/// the shim's checks and its connect: the kernel's record of the listener
+/// refuses it, before a byte of the request is sent.
+#[test]
+fn the_shim_should_refuse_a_listener_another_user_runs() {
+    let dir = TestDir::new("hostile-shim-peer");
+    let sticky = mkdir(&dir.join("sticky"), 0o1777);
+    let path = sticky.join("plexus.sock");
+    let mut imp = Helper::start("impostor", &path);
+    imp.wait_line("PLACED ");
+    std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
+    chmod(&sticky, 0o755);
+    let err = shim_add(&path).error(5);
+    let msg = err["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("served by process") && msg.contains("uid 65534"),
+        "{msg}"
+    );
+}

@@ -24,6 +24,7 @@ mod config_overlay;
 mod crash_recovery;
 mod daemon_lifecycle;
 mod delegate;
+mod full_disk;
 mod generate_config;
 mod host_safety;
 mod hostile_env;

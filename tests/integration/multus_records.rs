@@ -20,6 +20,7 @@ use crate::support::cni::{
 use crate::support::daemon::Daemon;
 use crate::support::netns::{bridge_ports, Link, Netns, Subnet};
 use crate::support::shim;
+use crate::support::tmpfs::Tmpfs;
 
 /// One network as multus runs and caches it.
 struct Net {
@@ -522,38 +523,13 @@ fn gc_should_keep_multus_containers_in_the_valid_list_and_del_the_others() {
     assert!(n.e.reservations("mg-main").is_empty());
 }
 
-/// A tmpfs mounted on a directory of the test's own, unmounted on drop.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path) -> Self {
-        fs::create_dir_all(dir).unwrap();
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "mode=0700", "plexus-test"])
-            .arg(dir)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "mount: {out:?}");
-        Tmpfs(dir.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .output();
-    }
-}
-
 /// Under systemd's ReadWritePaths= (and whenever cniDir and stateDir are
 /// on different file systems) a rename between them fails with EXDEV: the
 /// damaged cache is moved aside within cniDir instead, never deleted.
 #[test]
 fn a_damaged_cache_on_another_file_system_should_be_moved_aside_where_it_is() {
     let n = Node::new("mc-exdev");
-    let _mounted = Tmpfs::mount(&n.cni_dir);
+    let _mounted = Tmpfs::mount(&n.cni_dir, None);
     let br = Link::bridge();
     let subnet = Subnet::new();
     let main = cluster(&n.e, "mx-main", &br, &subnet);

@@ -91,14 +91,24 @@ impl Engine {
             self.unlock(&inv.container_id, lock).await;
             return out;
         };
-        // A failed write of what is left of the record is the DEL's error.
+        // A failed write of what is left of the record is the DEL's error,
+        // unless a plugin failed already: then the old record stays (it
+        // names more than is left, which the next DEL runs again; DEL is
+        // idempotent) and the plugin's error is the one to report, the
+        // write's is logged (on a full disk, it is this one).
         match self.save_and_unlock(&inv.container_id, lock, record).await {
             Ok(()) => out,
             Err((e, lock)) => {
                 if let Some(lock) = lock {
                     self.unlock(&inv.container_id, lock).await;
                 }
-                Err(e)
+                match out {
+                    Ok(()) => Err(e),
+                    Err(first) => {
+                        tracing::warn!(container_id = %inv.container_id, cause = %e, "cannot write what is left of the record after a failed DEL; the record stays as it was");
+                        Err(first)
+                    }
+                }
             }
         }
     }

@@ -61,6 +61,15 @@ pub enum MarkerState {
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// Longest marker read back; a real one is under 64 bytes.
 const MARKER_MAX: usize = 256;
+/// The marker's slot: every marker is written padded with blanks to this
+/// size, and an emptied one is this many blanks. The file keeps its one
+/// block from the first marker on, so noting a plugin later needs no new
+/// space: a DEL on a full file system can still note its plugins. (A
+/// truncation to 0 would free the block, and the next write would need it
+/// back.)
+const MARKER_SLOT: usize = 128;
+/// An emptied marker.
+const BLANK: [u8; MARKER_SLOT] = [b' '; MARKER_SLOT];
 
 impl Markers {
     pub fn new() -> Self {
@@ -79,7 +88,9 @@ impl Markers {
         let mut buf = [0u8; MARKER_MAX];
         let n = read_at_start(&held.file, &mut buf)
             .map_err(io_error(&held.path, "cannot read the lock file"))?;
-        if n == 0 {
+        // Empty, or emptied: blanks (NULs as well, which a torn first
+        // write may leave).
+        if buf[..n].iter().all(|b| b.is_ascii_whitespace() || *b == 0) {
             return Ok(None);
         }
         Ok(Some(Marker {
@@ -110,9 +121,7 @@ impl Markers {
 
     /// Empties the marker in `held`. Blocking.
     pub fn clear(&self, held: &Held) -> Result<(), Error> {
-        held.file
-            .set_len(0)
-            .map_err(io_error(&held.path, "cannot empty the lock file"))
+        blank(&held.file).map_err(io_error(&held.path, "cannot empty the lock file"))
     }
 
     /// From now until [`Markers::release`], plugins run for
@@ -151,16 +160,13 @@ impl Markers {
         }
     }
 
-    /// The held lock file of `container_id`; with `fresh`, also clears the
-    /// stale mark, telling whether it was set.
-    fn file(&self, container_id: &str, fresh: bool) -> Option<(Arc<File>, bool)> {
+    /// The held lock file of `container_id`, its stale mark cleared (the
+    /// caller replaces the marker).
+    fn file(&self, container_id: &str) -> Option<Arc<File>> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         let m = held.get_mut(container_id)?;
-        let stale = m.stale;
-        if fresh {
-            m.stale = false;
-        }
-        Some((m.file.clone(), stale))
+        m.stale = false;
+        Some(m.file.clone())
     }
 }
 
@@ -183,7 +189,7 @@ impl Released {
     /// gone and clears the marker itself.
     pub fn settle(self, held: &Held) {
         if self == Released::Stale {
-            if let Err(e) = held.file.set_len(0) {
+            if let Err(e) = blank(&held.file) {
                 tracing::warn!(path = %held.path.display(), cause = %e, "cannot empty the plugin marker in the lock file");
             }
         }
@@ -194,6 +200,23 @@ impl Default for Markers {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Empties a marker in place: blanks over the slot, the file cut to the
+/// slot (a longer one is an older daemon's or damaged). Writes over the
+/// block the file already holds; a file that never held a marker is left
+/// empty (nothing to empty, and no space to take).
+fn blank(file: &File) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    file.write_all_at(&BLANK, 0)?;
+    if len != MARKER_SLOT as u64 {
+        file.set_len(MARKER_SLOT as u64)?;
+    }
+    Ok(())
 }
 
 /// pread(2) from offset 0, retried on EINTR.
@@ -212,21 +235,20 @@ impl Journal for Markers {
         use std::os::unix::fs::FileExt;
         // Every plugin with a container id runs under that container's
         // lock; one without would run unrecorded, so it does not run.
-        let (file, stale) = self.file(container_id, true).ok_or_else(|| {
+        let file = self.file(container_id).ok_or_else(|| {
             io::Error::other(format!(
                 "no lock is held for container {container_id:?}: cannot note the plugin's process group"
             ))
         })?;
-        let body = format!("{} {} {}\n", group.pgid, group.start_time, self.boot_id);
         // Not synced: a power loss kills the plugins too, and a marker that
-        // survives one is told apart by its boot id. The file is empty
-        // unless it still names the previous plugin of this operation:
-        // then it is overwritten and cut to the new marker (a crash in
-        // between leaves the new marker followed by bytes nobody reads).
-        file.write_all_at(body.as_bytes(), 0)?;
-        if stale {
-            file.set_len(body.len() as u64)?;
-        }
+        // survives one is told apart by its boot id. One write of the
+        // whole slot replaces whatever it held (blanks, or the previous
+        // plugin of this operation); after the first, it needs no space.
+        let mut slot = BLANK;
+        let body = format!("{} {} {}\n", group.pgid, group.start_time, self.boot_id);
+        let n = body.len().min(MARKER_SLOT);
+        slot[..n].copy_from_slice(&body.as_bytes()[..n]);
+        file.write_all_at(&slot, 0)?;
         Ok(())
     }
 
@@ -281,17 +303,17 @@ mod tests {
             start_time: 1,
         };
         m.started("a", shorter).unwrap();
-        assert_eq!(
-            fs::read_to_string(a.path()).unwrap(),
-            format!("9 1 {}\n", m.boot_id)
-        );
+        let text = fs::read_to_string(a.path()).unwrap();
+        assert_eq!(text.len(), MARKER_SLOT, "{text:?}");
+        assert_eq!(text.trim_end(), format!("9 1 {}", m.boot_id));
         // ...and releasing the lock empties it.
         m.finished("a", shorter);
         let released = m.release("a");
         assert_eq!(released, Released::Stale);
         released.settle(&a);
         assert!(m.of("a", &a).unwrap().is_none());
-        assert_eq!(fs::metadata(a.path()).unwrap().len(), 0);
+        // Blanked, not cut: the file keeps its block for the next marker.
+        assert_eq!(fs::read(a.path()).unwrap(), BLANK);
         // A plugin not reaped (a call cut short) keeps its marker.
         let released = m.release("a.1");
         assert_eq!(released, Released::Clean);
@@ -314,5 +336,10 @@ mod tests {
         );
         m.clear(&c).unwrap();
         assert!(m.of("c", &c).unwrap().is_none());
+        assert_eq!(fs::read(dir.path().join("locks/c.lock")).unwrap(), BLANK);
+        // A file that never held a marker stays empty.
+        let e = locks.lock("e").unwrap();
+        m.clear(&e).unwrap();
+        assert_eq!(fs::metadata(e.path()).unwrap().len(), 0);
     }
 }

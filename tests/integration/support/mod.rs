@@ -11,3 +11,4 @@ pub mod lock;
 pub mod netns;
 pub mod shim;
 pub mod systemd;
+pub mod tmpfs;

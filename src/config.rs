@@ -52,6 +52,9 @@ const KNOWN_KEYS: &[&str] = &[
     "cniDir",
     "stateDir",
     "pluginTimeout",
+    "delErrorsReported",
+    "cleanupRetryInterval",
+    "cleanupGiveUpAfter",
     "clusterNetwork",
     "defaultNetworks",
     "delegates",
@@ -254,6 +257,20 @@ impl Config {
         let bin_dirs = f
             .search_path("binDir")
             .unwrap_or_else(|| cni::DEFAULT_BIN_DIRS.iter().map(PathBuf::from).collect());
+        let cleanup = {
+            let d = cni::CleanupPolicy::default();
+            cni::CleanupPolicy {
+                errors_reported: f.count("delErrorsReported").unwrap_or(d.errors_reported),
+                retry_interval: f
+                    .nonzero_duration("cleanupRetryInterval")
+                    .unwrap_or(d.retry_interval),
+                give_up_after: f
+                    .positive("cleanupGiveUpAfter")
+                    .map_or(d.give_up_after, |n| {
+                        u32::try_from(n.get()).unwrap_or(u32::MAX)
+                    }),
+            }
+        };
         let conf_dir = f
             .path("confDir")
             .unwrap_or_else(|| PathBuf::from(cni::DEFAULT_CONF_DIR));
@@ -406,6 +423,7 @@ impl Config {
                 plugin_timeout,
                 device_info_dir: device_info_dir.clone(),
                 cni_dir,
+                cleanup,
             },
             selection,
             readiness_file: readiness_path.map(|path| readiness_file::Config {
@@ -634,6 +652,22 @@ impl Fields<'_> {
             None => {
                 let why = format!(
                     "must be a whole number greater than 0, found {}",
+                    json::kind(v)
+                );
+                self.problem(key, why);
+                None
+            }
+        }
+    }
+
+    /// A whole number from 0 to 1000000.
+    fn count(&mut self, key: &str) -> Option<u32> {
+        let v = self.get(key)?;
+        match v.as_i64() {
+            Some(n) if (0..=1_000_000).contains(&n) => u32::try_from(n).ok(),
+            _ => {
+                let why = format!(
+                    "must be a whole number from 0 to 1000000, found {}",
                     json::kind(v)
                 );
                 self.problem(key, why);

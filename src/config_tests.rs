@@ -211,6 +211,32 @@ fn engine_keys_should_parse_and_relative_paths_follow_the_file() {
 }
 
 #[test]
+fn cleanup_keys_should_parse_with_their_bounds() {
+    let c =
+        parse(r#"{"delErrorsReported":0,"cleanupRetryInterval":"250ms","cleanupGiveUpAfter":7}"#)
+            .unwrap();
+    assert_eq!(c.cni.cleanup.errors_reported, 0);
+    assert_eq!(c.cni.cleanup.retry_interval, Duration::from_millis(250));
+    assert_eq!(c.cni.cleanup.give_up_after, 7);
+    assert_eq!(
+        parse("{}").unwrap().cni.cleanup,
+        crate::cni::CleanupPolicy::default()
+    );
+    let err =
+        parse(r#"{"delErrorsReported":-1,"cleanupRetryInterval":"0s","cleanupGiveUpAfter":0}"#)
+            .unwrap_err();
+    let keys: Vec<_> = err.problems.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "delErrorsReported",
+            "cleanupRetryInterval",
+            "cleanupGiveUpAfter"
+        ]
+    );
+}
+
+#[test]
 fn three_mistakes_should_all_be_reported() {
     let err =
         parse(r#"{"connectionLimit":0,"readTimeout":"soon","logToStderr":"yes"}"#).unwrap_err();

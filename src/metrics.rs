@@ -45,6 +45,16 @@ pub struct MultusLabels {
     pub method: &'static str,
 }
 
+/// What became of an attachment whose DEL failed (see docs/records.md,
+/// "Pending cleanup").
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CleanupLabels {
+    /// `handed_over` (the runtime's DEL was answered with success, plexusd
+    /// retries alone), `retry_failed`, `done` (a later DEL succeeded) or
+    /// `given_up`.
+    pub outcome: &'static str,
+}
+
 /// Every metric family of the daemon.
 #[derive(Debug)]
 pub struct Metrics {
@@ -65,6 +75,9 @@ pub struct Metrics {
     pub body_bytes: Gauge,
     pub multus_requests: Family<MultusLabels, Counter>,
     pub plugin_calls: Family<PluginLabels, Histogram>,
+    /// Containers with an attachment whose DEL failed and is retried.
+    pub cleanups_pending: Gauge,
+    pub cleanups: Family<CleanupLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -99,8 +112,20 @@ impl Metrics {
         let plugin_calls = Family::<PluginLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
+        let cleanups_pending = Gauge::default();
+        let cleanups = Family::<CleanupLabels, Counter>::default();
         {
             let reg = root.sub_registry_with_prefix("plexus");
+            reg.register(
+                "cleanups_pending",
+                "Containers with an attachment whose DEL failed and that plexusd retries",
+                cleanups_pending.clone(),
+            );
+            reg.register(
+                "cleanups",
+                "Attachments whose DEL failed, by what became of them",
+                cleanups.clone(),
+            );
             reg.register(
                 "requests",
                 "Requests answered, by endpoint, CNI command and outcome",
@@ -176,6 +201,8 @@ impl Metrics {
             body_bytes,
             multus_requests,
             plugin_calls,
+            cleanups_pending,
+            cleanups,
         }
     }
 

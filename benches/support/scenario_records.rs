@@ -27,6 +27,7 @@ fn loopback_record(container_id: &str, netns: &str) -> Record {
         cni_args: CNI_ARGS.into(),
         capability_args: Default::default(),
         hot_plugged_into: None,
+        cleanup: None,
         delegates: vec![Delegate {
             name: "lo".into(),
             ifname: "lo".into(),

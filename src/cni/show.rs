@@ -22,6 +22,9 @@ pub fn summary(record: &Record) -> Value {
             if let Some(into) = &a.hot_plugged_into {
                 out["hotPluggedInto"] = Value::String(into.clone());
             }
+            if let Some(c) = &a.cleanup {
+                out["cleanup"] = serde_json::to_value(c).unwrap_or(Value::Null);
+            }
             out
         })
         .collect();
@@ -106,6 +109,7 @@ mod tests {
         let mut record = Record::new("c1");
         record.attachments.push(super::super::state::Attachment {
             hot_plugged_into: None,
+            cleanup: None,
             ifname: "eth0".into(),
             netns: "/run/netns/x".into(),
             cni_args: String::new(),

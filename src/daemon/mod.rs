@@ -159,6 +159,7 @@ pub fn main(config: config::Config) -> Exit {
     } else {
         None
     };
+    let cleanups = engine.clone();
     let mut handler = Networks::new(
         engine,
         selection,
@@ -182,12 +183,27 @@ pub fn main(config: config::Config) -> Exit {
             // In the background: it runs each plugin's VERSION (warming the
             // cache) and must not delay readiness.
             rt.spawn(async move {
-            for problem in check.preflight().await {
-                warn!(%problem, "network check at start-up failed; ADD will fail until this is fixed");
-            }
-        });
+                for problem in check.preflight().await {
+                    warn!(%problem, "network check at start-up failed; ADD will fail until this is fixed");
+                }
+            });
+            rt.spawn(retry_cleanups(cleanups));
         },
     )
+}
+
+/// plexusd's own retries of DELs that failed (docs/records.md, "Pending
+/// cleanup"): every one recorded at start-up, then each as it falls due.
+async fn retry_cleanups(engine: Arc<cni::Engine>) {
+    if let Err(e) = engine.scan_cleanups().await {
+        warn!(cause = %e, "cannot look for DELs to retry at start-up");
+    }
+    engine.retry_cleanups(true).await;
+    let tick = engine.cleanup_tick();
+    loop {
+        tokio::time::sleep(tick).await;
+        engine.retry_cleanups(false).await;
+    }
 }
 
 /// Takes the listeners over (the last fallible start-up step), then runs

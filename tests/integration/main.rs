@@ -23,6 +23,7 @@ mod cni_plugins;
 mod config_overlay;
 mod crash_recovery;
 mod daemon_lifecycle;
+mod del_policy;
 mod delegate;
 mod full_disk;
 mod generate_config;

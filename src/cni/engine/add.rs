@@ -5,6 +5,7 @@
 use serde_json::{Map, Value};
 
 use super::chain::{declared_capabilities, recorded_capabilities};
+use super::cleanup::Failed;
 use super::lock::Loaded;
 use super::{AddedNetwork, Engine, Error, ErrorKind, Planned};
 use crate::api::{code, Command};
@@ -165,6 +166,7 @@ impl Engine {
         let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
         record.attachments.push(Attachment {
             hot_plugged_into,
+            cleanup: None,
             ifname: inv.ifname.clone(),
             netns: inv.netns.clone(),
             cni_args: inv.args.clone(),
@@ -275,13 +277,19 @@ impl Engine {
         } else {
             let e = Error::join(Command::Del, "the rollback", errors);
             tracing::warn!(container_id = %inv.container_id, cause = %e, "rollback after a failed ADD left errors; the attachment stays recorded for DEL");
+            let text = e.to_string();
+            self.note_failure(&mut record.attachments[slot], &text, Failed::Rollback)
+                .await;
             if !cause.details.is_empty() {
                 cause.details.push_str("; ");
             }
             cause.details.push_str(&e.msg);
         }
-        if let Err(e) = self.save_record(record, Durability::Atomic).await {
-            tracing::error!(container_id = %inv.container_id, cause = %e, "cannot update the attachment record after a rollback");
+        match self.save_record(record, Durability::Atomic).await {
+            Ok(()) => self.track_cleanups(record),
+            Err(e) => {
+                tracing::error!(container_id = %inv.container_id, cause = %e, "cannot update the attachment record after a rollback")
+            }
         }
         cause
     }

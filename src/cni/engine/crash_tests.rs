@@ -34,6 +34,7 @@ fn engine_config(state: &Path) -> Config {
         plugin_timeout: Duration::from_secs(5),
         device_info_dir: state.join("devinfo"),
         cni_dir: state.join("multus"),
+        cleanup: Default::default(),
     }
 }
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 use super::chain::{declared_capabilities, recorded_list};
+use super::cleanup::Failed;
 use super::lock::Loaded;
 use super::multus::Multus;
 use super::{blocking, Engine, Error, Planned};
@@ -86,18 +87,35 @@ impl Engine {
                 true,
             )
             .await?;
-        let (out, changed) = self.del_or_fall_back(inv, cap_args, fallback, loaded).await;
-        let Some(record) = changed else {
+        let had_failed = loaded.record.as_ref().is_some_and(|r| {
+            r.attachments
+                .iter()
+                .any(|a| a.ifname == inv.ifname && a.cleanup.is_some())
+        });
+        let (mut out, changed) = self.del_or_fall_back(inv, cap_args, fallback, loaded).await;
+        let Some(mut record) = changed else {
             self.unlock(&inv.container_id, lock).await;
             return out;
         };
+        if let Err(e) = &out {
+            if self.hand_over(inv, &mut record, e).await {
+                out = Ok(());
+            }
+        } else if had_failed {
+            tracing::info!(container_id = %inv.container_id, ifname = %inv.ifname, "a DEL that had failed has now succeeded");
+            self.count("done");
+        }
+        let tracked = record.clone();
         // A failed write of what is left of the record is the DEL's error,
         // unless a plugin failed already: then the old record stays (it
         // names more than is left, which the next DEL runs again; DEL is
         // idempotent) and the plugin's error is the one to report, the
         // write's is logged (on a full disk, it is this one).
         match self.save_and_unlock(&inv.container_id, lock, record).await {
-            Ok(()) => out,
+            Ok(()) => {
+                self.track_cleanups(&tracked);
+                out
+            }
             Err((e, lock)) => {
                 if let Some(lock) = lock {
                     self.unlock(&inv.container_id, lock).await;
@@ -111,6 +129,33 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Notes the failed DEL `e` in every attachment of `record` it left
+    /// (the call's, and networks hot-plugged into it); whether the runtime
+    /// is to be answered with success, because it has been told of the
+    /// failure often enough and plexusd retries alone from now on.
+    async fn hand_over(&self, inv: &Invocation, record: &mut Record, e: &Error) -> bool {
+        let text = e.to_string();
+        let mut left = 0;
+        let mut handed_over = 0;
+        for a in record.attachments.iter_mut().filter(|a| {
+            a.ifname == inv.ifname || a.hot_plugged_into.as_deref() == Some(inv.ifname.as_str())
+        }) {
+            left += 1;
+            if self.note_failure(a, &text, Failed::Runtime).await {
+                handed_over += 1;
+            }
+        }
+        if left == 0 || handed_over < left {
+            return false;
+        }
+        let failures = record
+            .attachment(&inv.ifname)
+            .and_then(|a| a.cleanup.as_ref())
+            .map_or(0, |c| c.failures);
+        tracing::warn!(container_id = %inv.container_id, ifname = %inv.ifname, failures, cause = %text, "DEL failed again: answered with success so that the runtime can let the container go; plexusd keeps what is left and retries it on its own");
+        true
     }
 
     async fn del_or_fall_back<F, Fut>(
@@ -171,6 +216,7 @@ impl Engine {
             let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
             record.attachments.push(Attachment {
                 hot_plugged_into: None,
+                cleanup: None,
                 ifname: inv.ifname.clone(),
                 netns: inv.netns.clone(),
                 cni_args: inv.args.clone(),
@@ -241,7 +287,7 @@ impl Engine {
 
     /// [`Engine::del_attachment`] leaving the record's write to the
     /// caller; plugins in `found` are taken as located.
-    async fn del_attachment_unsaved(
+    pub(super) async fn del_attachment_unsaved(
         &self,
         inv: &Invocation,
         netns: &str,

@@ -59,6 +59,8 @@ impl Engine {
             errors.extend(self.gc_container(&id, loaded, valid, &mut failed).await);
             self.unlock(&id, lock).await;
         }
+        // DELs that failed before, retried now whether due or not.
+        self.retry_cleanups(true).await;
         // The containers multus attached, the same way.
         let mut multus_failed = BTreeSet::new();
         errors.extend(self.gc_multus(valid, &mut multus_failed).await);
@@ -84,7 +86,9 @@ impl Engine {
         let (mut stale, own): (Vec<Attachment>, Vec<Attachment>) = record
             .attachments
             .iter()
-            .filter(|a| !is_valid(id, a, valid))
+            // A DEL that failed before is retried below, as plexusd's own
+            // retries do it (the namespace only while it is the same).
+            .filter(|a| !is_valid(id, a, valid) && a.cleanup.is_none())
             .cloned()
             .partition(|a| a.hot_plugged_into.is_some());
         stale.reverse();

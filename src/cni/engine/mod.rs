@@ -38,6 +38,7 @@
 mod add;
 mod chain;
 mod check;
+mod cleanup;
 #[cfg(test)]
 mod crash_tests;
 mod del;
@@ -50,7 +51,7 @@ mod recover;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -100,6 +101,35 @@ pub struct Config {
     pub device_info_dir: PathBuf,
     /// multus's `cniDir`: the caches of containers multus attached.
     pub cni_dir: PathBuf,
+    /// What happens to an attachment whose DEL fails.
+    pub cleanup: CleanupPolicy,
+}
+
+/// What happens to an attachment whose DEL fails (docs/records.md,
+/// "Pending cleanup").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CleanupPolicy {
+    /// How many of the runtime's DELs of an attachment are answered with
+    /// their error; a later one that fails too is answered with success,
+    /// and plexusd retries alone (`delErrorsReported`).
+    pub errors_reported: u32,
+    /// The wait before plexusd's own first retry, doubled after each
+    /// failure up to 64 times it (`cleanupRetryInterval`).
+    pub retry_interval: Duration,
+    /// Failures in a row with the same error, while the container's
+    /// network namespace is gone, after which plexusd gives up
+    /// (`cleanupGiveUpAfter`).
+    pub give_up_after: u32,
+}
+
+impl Default for CleanupPolicy {
+    fn default() -> Self {
+        Self {
+            errors_reported: 2,
+            retry_interval: Duration::from_secs(10),
+            give_up_after: 5,
+        }
+    }
 }
 
 impl Default for Config {
@@ -111,6 +141,7 @@ impl Default for Config {
             plugin_timeout: DEFAULT_PLUGIN_TIMEOUT,
             device_info_dir: PathBuf::from(crate::device_info::DEFAULT_DIR),
             cni_dir: PathBuf::from(multus_cache::DEFAULT_CNI_DIR),
+            cleanup: CleanupPolicy::default(),
         }
     }
 }
@@ -190,6 +221,10 @@ pub struct Engine {
     /// Every operation on a container takes it shared; only the plugins'
     /// GC phase takes it exclusively (see [`Engine::gc`]).
     gc_lock: RwLock<()>,
+    /// Containers with a pending cleanup, each with when its next retry
+    /// is due (unix ms); see [`Engine::retry_cleanups`].
+    cleanups: Mutex<BTreeMap<String, u64>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// [`netns::check`] for `command` as an engine error (code 4), logged.
@@ -233,15 +268,21 @@ impl Engine {
     ) -> Result<Self, Error> {
         let store = Store::open(&config.state_dir).map_err(Error::state)?;
         let markers = Arc::new(Markers::new());
-        let runner = Runner::new(config.bin_dirs.clone(), config.plugin_timeout, metrics)
-            .with_journal(markers.clone());
-        Self::assemble(
+        let runner = Runner::new(
+            config.bin_dirs.clone(),
+            config.plugin_timeout,
+            metrics.clone(),
+        )
+        .with_journal(markers.clone());
+        let mut engine = Self::assemble(
             config,
             Arc::new(runner),
             Arc::new(store),
             markers,
             kill_group,
-        )
+        )?;
+        engine.metrics = metrics;
+        Ok(engine)
     }
 
     /// An engine with the plugin runner and record store given (tests use
@@ -283,6 +324,8 @@ impl Engine {
             config,
             containers: Mutex::new(HashMap::new()),
             gc_lock: RwLock::new(()),
+            cleanups: Mutex::new(BTreeMap::new()),
+            metrics: None,
         };
         engine.recover();
         Ok(engine)

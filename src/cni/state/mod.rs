@@ -35,7 +35,9 @@ use std::path::{Path, PathBuf};
 pub use atomic::{move_aside, read_regular, Unreadable};
 pub use lock::{Held, Locks};
 pub use marker::{Marker, MarkerState, Markers, Released};
-pub use record::{encoded_len, Attachment, Delegate, Record, State, KIND, MAX_NEW_RECORD_BYTES};
+pub use record::{
+    encoded_len, Attachment, Cleanup, Delegate, Record, State, KIND, MAX_NEW_RECORD_BYTES,
+};
 pub use store::Store;
 
 /// Whether a write must survive a power loss (see docs/records.md).

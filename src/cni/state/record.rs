@@ -79,6 +79,45 @@ pub struct Attachment {
     /// attachment removes it first. Absent in records of earlier versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hot_plugged_into: Option<String>,
+    /// Set once a DEL of this attachment failed: what is left of it waits
+    /// for the next DEL, the runtime's or plexusd's own (see
+    /// docs/records.md, "Pending cleanup").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleanup: Option<Cleanup>,
+}
+
+/// The failed DELs of an attachment, and plexusd's own next attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cleanup {
+    /// Unix time in milliseconds of the first failure.
+    pub first_failure_ms: u64,
+    /// DELs that failed: the runtime's, a failed ADD's rollback, plexusd's.
+    pub failures: u32,
+    /// Of those, plexusd's own retries (they set the backoff).
+    #[serde(default)]
+    pub retries: u32,
+    /// The runtime's DELs that were answered with the error.
+    #[serde(default)]
+    pub reported: u32,
+    /// The runtime's DEL was answered with success: from then on only
+    /// plexusd retries.
+    #[serde(default)]
+    pub handed_over: bool,
+    /// The error of the last failure.
+    pub last_error: String,
+    /// Failures in a row with that same error while the container's
+    /// network namespace was gone.
+    #[serde(default)]
+    pub same_while_gone: u32,
+    /// Unix time in milliseconds when plexusd's own next attempt is due.
+    pub next_attempt_ms: u64,
+    /// The network namespace at the first failure, as `<dev>:<inode>`: a
+    /// later attempt uses the recorded path only while it still names
+    /// that namespace (a `/proc/<pid>/ns/net` path may name another
+    /// process's by then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_id: Option<String>,
 }
 
 /// Everything recorded for one container.
@@ -189,6 +228,7 @@ pub(super) mod tests {
         let mut r = Record::new(id);
         r.attachments.push(Attachment {
             hot_plugged_into: None,
+            cleanup: None,
             ifname: "eth0".into(),
             netns: "/run/netns/x".into(),
             cni_args: "IgnoreUnknown=1".into(),

@@ -329,6 +329,7 @@ fn rig() -> Rig {
         plugin_timeout: Duration::from_secs(5),
         device_info_dir: dir.path().join("devinfo"),
         cni_dir: dir.path().join("multus"),
+        cleanup: Default::default(),
     };
     let (runner, started) = FakeRunner::new();
     let store = Arc::new(MemStore::default());

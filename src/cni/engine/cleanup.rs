@@ -1,0 +1,319 @@
+//! Attachments whose DEL failed: how many of the runtime's DELs get the
+//! error, when the rest is handed over to plexusd's own retries, and when
+//! those give up (docs/records.md, "Pending cleanup").
+
+use std::os::unix::fs::MetadataExt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::{blocking, Engine, Error};
+use crate::api::Command;
+use crate::cni::state::{Attachment, Cleanup, Record};
+use crate::metrics::CleanupLabels;
+use crate::netconf::Invocation;
+
+/// Who ran the DEL that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Failed {
+    /// The runtime's DEL call.
+    Runtime,
+    /// The rollback of a failed ADD (the ADD's error reached the runtime).
+    Rollback,
+    /// plexusd's own retry; `netns_gone`: it ran without the namespace.
+    Own { netns_gone: bool },
+}
+
+/// Longest wait between two retries, in multiples of the first.
+const MAX_BACKOFF_FACTOR: u32 = 64;
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `<dev>:<inode>` of the namespace file at `path`, if there is one.
+async fn netns_id(path: &str) -> Option<String> {
+    if path.is_empty() {
+        return None;
+    }
+    let m = tokio::fs::metadata(path).await.ok()?;
+    Some(format!("{}:{}", m.dev(), m.ino()))
+}
+
+impl Engine {
+    /// Notes a failed DEL of `att` with `error`; for the runtime's DEL,
+    /// whether it is to be answered with success (handed over to
+    /// plexusd's own retries) rather than with the error.
+    pub(super) async fn note_failure(
+        &self,
+        att: &mut Attachment,
+        error: &str,
+        who: Failed,
+    ) -> bool {
+        let policy = &self.config.cleanup;
+        let now = now_ms();
+        let first = att.cleanup.is_none();
+        let netns = if first {
+            netns_id(&att.netns).await
+        } else {
+            None
+        };
+        let c = att.cleanup.get_or_insert_with(|| Cleanup {
+            first_failure_ms: now,
+            failures: 0,
+            retries: 0,
+            reported: 0,
+            handed_over: false,
+            last_error: String::new(),
+            same_while_gone: 0,
+            next_attempt_ms: now,
+            netns_id: netns,
+        });
+        let same = c.last_error == error;
+        c.failures = c.failures.saturating_add(1);
+        c.last_error = error.to_string();
+        c.same_while_gone = match who {
+            Failed::Own { netns_gone: true } if same => c.same_while_gone.saturating_add(1),
+            Failed::Own { netns_gone: true } => 1,
+            _ => 0,
+        };
+        // The first retry one interval after any failure; each of
+        // plexusd's own failures doubles the wait, up to 64 intervals.
+        if matches!(who, Failed::Own { .. }) {
+            c.retries = c.retries.saturating_add(1);
+        }
+        let factor = (1u32 << c.retries.min(6)).min(MAX_BACKOFF_FACTOR);
+        let wait = policy.retry_interval.saturating_mul(factor);
+        c.next_attempt_ms = now.saturating_add(wait.as_millis() as u64);
+        if who != Failed::Runtime {
+            return false;
+        }
+        if c.handed_over {
+            return true;
+        }
+        if c.reported < policy.errors_reported {
+            c.reported += 1;
+            return false;
+        }
+        c.handed_over = true;
+        self.count("handed_over");
+        true
+    }
+
+    /// Whether attachment `att`, which failed again in plexusd's own
+    /// retry, is to be given up.
+    fn gives_up(&self, att: &Attachment) -> bool {
+        att.cleanup
+            .as_ref()
+            .is_some_and(|c| c.same_while_gone >= self.config.cleanup.give_up_after.max(1))
+    }
+
+    pub(super) fn count(&self, outcome: &'static str) {
+        if let Some(m) = &self.metrics {
+            m.cleanups.get_or_create(&CleanupLabels { outcome }).inc();
+        }
+    }
+
+    /// Takes note of what `record` (just written) leaves to retry.
+    pub(super) fn track_cleanups(&self, record: &Record) {
+        let next = record
+            .attachments
+            .iter()
+            .filter_map(|a| a.cleanup.as_ref().map(|c| c.next_attempt_ms))
+            .min();
+        let mut map = self.cleanups.lock().unwrap_or_else(|e| e.into_inner());
+        match next {
+            Some(due) => {
+                map.insert(record.container_id.clone(), due);
+            }
+            None => {
+                map.remove(&record.container_id);
+            }
+        }
+        if let Some(m) = &self.metrics {
+            m.cleanups_pending.set(map.len() as i64);
+        }
+    }
+
+    /// Forgets container `id`'s cleanups (its record is gone).
+    pub(super) fn untrack_cleanups(&self, id: &str) {
+        self.track_cleanups(&Record::new(id));
+    }
+
+    /// How often to look for retries that fell due: the first retry's wait,
+    /// at most a second.
+    pub fn cleanup_tick(&self) -> std::time::Duration {
+        self.config
+            .cleanup
+            .retry_interval
+            .min(std::time::Duration::from_secs(1))
+            .max(std::time::Duration::from_millis(10))
+    }
+
+    /// Containers with a pending cleanup (the start-up scan fills this).
+    pub fn pending_cleanups(&self) -> usize {
+        self.cleanups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Reads every record once and takes note of the pending cleanups
+    /// (at start-up: an earlier daemon's are retried too).
+    pub async fn scan_cleanups(&self) -> Result<(), Error> {
+        let store = self.store.clone();
+        let records = blocking(move || -> Vec<Record> {
+            let Ok(ids) = store.list() else {
+                return Vec::new();
+            };
+            ids.iter()
+                .filter_map(|id| store.load(id).ok().flatten())
+                .filter(|r| r.attachments.iter().any(|a| a.cleanup.is_some()))
+                .collect()
+        })
+        .await?;
+        for r in &records {
+            self.track_cleanups(r);
+        }
+        if !records.is_empty() {
+            tracing::info!(
+                containers = records.len(),
+                "attachments whose DEL failed earlier are retried"
+            );
+        }
+        Ok(())
+    }
+
+    /// Retries the DEL of every pending cleanup that is due (`all`: every
+    /// one, as at start-up and after a GC), one container at a time.
+    pub async fn retry_cleanups(&self, all: bool) {
+        let now = now_ms();
+        let due: Vec<String> = self
+            .cleanups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, next)| all || **next <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            self.retry_container(&id, all).await;
+        }
+    }
+
+    async fn retry_container(&self, id: &str, all: bool) {
+        let (lock, loaded) = match self.lock_op_with(id, None, Vec::new(), true).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(container_id = %id, cause = %e, "cannot lock the container to retry its DEL");
+                return;
+            }
+        };
+        let Some(mut record) = loaded.record else {
+            self.unlock(id, lock).await;
+            self.untrack_cleanups(id);
+            return;
+        };
+        let now = now_ms();
+        let due: Vec<String> = record
+            .attachments
+            .iter()
+            .filter(|a| {
+                a.cleanup
+                    .as_ref()
+                    .is_some_and(|c| all || c.next_attempt_ms <= now)
+            })
+            .map(|a| a.ifname.clone())
+            .collect();
+        for ifname in due {
+            self.retry_attachment(id, &ifname, &mut record, &loaded.found)
+                .await;
+        }
+        match self.save_and_unlock(id, lock, record.clone()).await {
+            Ok(()) => self.track_cleanups(&record),
+            Err((e, lock)) => {
+                tracing::warn!(container_id = %id, cause = %e, "cannot write the record after retrying its DEL");
+                if let Some(lock) = lock {
+                    self.unlock(id, lock).await;
+                }
+            }
+        }
+    }
+
+    /// One retry of attachment `ifname` of `record`, under its locks.
+    async fn retry_attachment(
+        &self,
+        id: &str,
+        ifname: &str,
+        record: &mut Record,
+        found: &[crate::cni::exec::Plugin],
+    ) {
+        let Some(att) = record.attachment(ifname).cloned() else {
+            return;
+        };
+        // The recorded namespace only while it is still the same one.
+        let recorded = att.cleanup.as_ref().and_then(|c| c.netns_id.clone());
+        let now_id = netns_id(&att.netns).await;
+        let netns = if recorded.is_some() && now_id == recorded {
+            att.netns.clone()
+        } else {
+            String::new()
+        };
+        let env = |k: &str| -> Option<String> {
+            match k {
+                "CNI_COMMAND" => Some(Command::Del.to_string()),
+                "CNI_CONTAINERID" => Some(id.to_string()),
+                "CNI_NETNS" => Some(netns.clone()),
+                "CNI_IFNAME" => Some(ifname.to_string()),
+                "CNI_ARGS" => Some(att.cni_args.clone()),
+                _ => None,
+            }
+        };
+        let inv = match Invocation::from_env(env) {
+            Ok(inv) => inv,
+            Err(e) => {
+                tracing::error!(container_id = %id, ifname, cause = %e.msg, "a pending cleanup's record cannot make a DEL call");
+                return;
+            }
+        };
+        match self
+            .del_attachment_unsaved(&inv, &netns, record, found)
+            .await
+        {
+            Ok(()) => {
+                tracing::info!(container_id = %id, ifname, failures = att.cleanup.as_ref().map_or(0, |c| c.failures), "a DEL that had failed has now succeeded");
+                self.count("done");
+            }
+            Err(e) => {
+                let text = e.to_string();
+                let Some(left) = record.attachment_mut(ifname) else {
+                    return;
+                };
+                self.note_failure(
+                    left,
+                    &text,
+                    Failed::Own {
+                        netns_gone: netns.is_empty(),
+                    },
+                )
+                .await;
+                if self.gives_up(left) {
+                    let gone = left.clone();
+                    record.attachments.retain(|a| a.ifname != ifname);
+                    self.count("given_up");
+                    tracing::error!(
+                        container_id = %id,
+                        ifname,
+                        networks = ?gone.delegates.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+                        left = %serde_json::to_string(&gone.delegates.iter().map(|d| serde_json::json!({"network": d.name, "interface": d.ifname, "config": d.config, "result": d.result})).collect::<Vec<_>>()).unwrap_or_default(),
+                        cause = %text,
+                        "gave up the DEL of a gone container: it failed the same way every time; what these networks' plugins keep for it (addresses, host-side devices) must be released by hand"
+                    );
+                } else {
+                    self.count("retry_failed");
+                    tracing::warn!(container_id = %id, ifname, netns = %netns, cause = %text, "a retried DEL failed again; retrying later");
+                }
+            }
+        }
+    }
+}

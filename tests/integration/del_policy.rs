@@ -114,6 +114,17 @@ fn a_network_that_can_never_work_should_let_the_pod_go_and_be_given_up_once_gone
     }
     assert_eq!(answers, [Some(1), Some(1), Some(0)]);
     assert_eq!(cleanup(&e, id)["handedOver"], json!(true));
+    // What `plexusd show` prints, from the same record.
+    let shown = http::request(&d.sock, "GET", &format!("/attachments/{id}"), b"").unwrap();
+    let shown = shown.json()["attachments"][0]["cleanup"].clone();
+    assert_eq!(shown["handedOver"], json!(true), "{shown}");
+    assert!(
+        shown["lastError"]
+            .as_str()
+            .unwrap()
+            .contains("Link not found"),
+        "{shown}"
+    );
     assert_eq!(
         metric(&d, "plexus_cleanups_total{outcome=\"handed_over\"}"),
         Some(1.0)

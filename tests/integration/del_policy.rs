@@ -278,3 +278,32 @@ fn a_del_retried_after_the_netns_is_gone_should_run_without_it_and_release_every
         Some(1.0)
     );
 }
+
+/// A runtime that reuses container ids (podman's restart) ADDs again over
+/// a DEL that was answered with success but is still pending: the pending
+/// DEL runs first, and the ADD waits for it to succeed.
+#[test]
+fn an_add_over_a_pending_del_should_finish_that_del_first() {
+    let (e, _br, br2, d) = flaky_node("dp-readd", 1_000);
+    let ns = Netns::new();
+    let id = "dp-readd-1";
+    ok(&d, &cni(&d, "ADD", id, &ns, "eth0"));
+    for want in [Some(1), Some(1), Some(0)] {
+        assert_eq!(del(&d, id, &ns).code, want);
+    }
+    let (code, msg, _) = failed(&d, &cni(&d, "ADD", id, &ns, "eth0"));
+    assert_eq!(code, 11, "{msg}");
+    assert!(
+        msg.contains("still pending") && msg.contains("flaky: not yet"),
+        "{msg}"
+    );
+    assert!(!ns.has_link("eth0"), "{:?}", ns.ifaces());
+
+    flaky(&e, 0);
+    ok(&d, &cni(&d, "ADD", id, &ns, "eth0"));
+    assert!(ns.has_link("eth0") && ns.has_link("net1"));
+    assert_eq!(cleanup(&e, id), Value::Null);
+    assert_eq!(bridge_ports(&br2.name).len(), 1);
+    ok(&d, &del(&d, id, &ns));
+    assert!(record(&e, id).is_none());
+}

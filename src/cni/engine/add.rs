@@ -151,6 +151,36 @@ impl Engine {
         let mut record = loaded
             .record
             .unwrap_or_else(|| Record::new(&inv.container_id));
+        // A runtime that reuses its container ids (podman's restart) may
+        // ADD again over a DEL that was answered with success but is still
+        // pending: that DEL is retried first, and must succeed.
+        if record
+            .attachment(&inv.ifname)
+            .is_some_and(|a| a.cleanup.as_ref().is_some_and(|c| c.handed_over))
+        {
+            let del = Invocation {
+                command: Command::Del,
+                ..inv.clone()
+            };
+            let out = self
+                .del_attachment_unsaved(&del, &inv.netns, &mut record, &loaded.found)
+                .await;
+            let saved = self.save_record(&record, Durability::Atomic).await;
+            if saved.is_ok() {
+                self.track_cleanups(&record);
+            }
+            if let Err(e) = out {
+                return Err(Error::new(
+                    ErrorKind::Failed,
+                    code::TRY_AGAIN_LATER,
+                    format!(
+                        "container {:?} ifname {:?}: the DEL of its earlier attachment is still pending and failed again; try again later: {e}",
+                        inv.container_id, inv.ifname
+                    ),
+                ));
+            }
+            saved?;
+        }
         if record.attachment(&inv.ifname).is_some() {
             return Err(Error::new(
                 ErrorKind::Invalid,

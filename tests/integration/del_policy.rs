@@ -12,15 +12,16 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::cni::{bridge, cni, conflist, failed, ok, Engine, SYSTEM_PLUGINS};
+use crate::support::cni::{bridge, cni, conflist, failed, ok, Call, Engine, SYSTEM_PLUGINS};
 use crate::support::daemon::{wait_until, Daemon};
 use crate::support::http;
 use crate::support::netns::{bridge_ports, unique_name, Link, Netns, Subnet};
 use crate::support::shim::Run;
 
 /// plexusd with `clusterNetwork` `main` and `defaultNetworks` `extra`,
-/// retrying failed DELs every 100 ms and giving up after 2 same failures.
-fn start(e: &Engine, main: &str, extra: &str) -> Daemon {
+/// retrying failed DELs every 100 ms and giving up after `give_up` same
+/// failures.
+fn start(e: &Engine, main: &str, extra: &str, give_up: u32) -> Daemon {
     let config = json!({
         "confDir": e.conf_dir,
         "binDir": format!("{}:{SYSTEM_PLUGINS}", e.bin_dir.display()),
@@ -30,7 +31,7 @@ fn start(e: &Engine, main: &str, extra: &str) -> Daemon {
         "pluginTimeout": "20s",
         "delErrorsReported": 2,
         "cleanupRetryInterval": "100ms",
-        "cleanupGiveUpAfter": 2,
+        "cleanupGiveUpAfter": give_up,
     });
     let mut d = Daemon::start(&e.dir, "d", config);
     d.ready();
@@ -61,12 +62,10 @@ fn del(d: &Daemon, id: &str, ns: &Netns) -> Run {
     cni(d, "DEL", id, ns, "eth0")
 }
 
-/// multus's and Plexus's old answer to a macvlan network whose master is
-/// missing: every DEL failed ("Link not found") forever, the pod stayed
-/// Terminating, and each failed attempt left a record nothing would DEL.
-#[test]
-fn a_network_that_can_never_work_should_let_the_pod_go_and_be_given_up_once_gone() {
-    let e = Engine::new("dp-never");
+/// A bridge network that works (eth0) and a macvlan network whose master
+/// does not exist (net1): every ADD and every DEL of it fail.
+fn never_node(tag: &str, give_up: u32) -> (Engine, Link, Daemon) {
+    let e = Engine::new(tag);
     let br = Link::bridge();
     let (s1, s2) = (Subnet::new(), Subnet::new());
     let master = unique_name("nm");
@@ -86,7 +85,16 @@ fn a_network_that_can_never_work_should_let_the_pod_go_and_be_given_up_once_gone
             vec![json!({"type": "macvlan", "master": master, "mode": "bridge", "ipam": e.host_local(&s2)})],
         ),
     );
-    let d = start(&e, "dp-main", "dp-mv");
+    let d = start(&e, "dp-main", "dp-mv", give_up);
+    (e, br, d)
+}
+
+/// multus's and Plexus's old answer to a macvlan network whose master is
+/// missing: every DEL failed ("Link not found") forever, the pod stayed
+/// Terminating, and each failed attempt left a record nothing would DEL.
+#[test]
+fn a_network_that_can_never_work_should_let_the_pod_go_and_be_given_up_once_gone() {
+    let (e, br, d) = never_node("dp-never", 2);
     let ns = Netns::new();
     let id = "dp-never-1";
 
@@ -202,7 +210,7 @@ fn flaky_node(tag: &str, fails: u32) -> (Engine, Link, Link, Daemon) {
             ],
         ),
     );
-    let d = start(&e, "dp-main", "dp-flaky");
+    let d = start(&e, "dp-main", "dp-flaky", 2);
     (e, br, br2, d)
 }
 
@@ -306,4 +314,39 @@ fn an_add_over_a_pending_del_should_finish_that_del_first() {
     assert_eq!(bridge_ports(&br2.name).len(), 1);
     ok(&d, &del(&d, id, &ns));
     assert!(record(&e, id).is_none());
+}
+
+/// kubelet retries a pod whose sandbox cannot get its network, each time
+/// with a new sandbox (container id): the older attempt's cleanup is given
+/// up as soon as it fails once more after its sandbox went and a newer one
+/// of the same pod fails the same way; the newest stays pending.
+#[test]
+fn attempts_of_one_pod_should_not_pile_up_a_pending_cleanup_each() {
+    let (e, _br, d) = never_node("dp-pile", 1_000);
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_UID=5f0c-pile";
+    let mut ids = Vec::new();
+    for attempt in 1..=3 {
+        let ns = Netns::new();
+        let id = format!("dp-pile-{attempt}");
+        let call = |command: &str| Call::new(command, &id, &ns, "eth0").args(args).run(&d);
+        failed(&d, &call("ADD"));
+        let answers: Vec<_> = (0..3).map(|_| call("DEL").code).collect();
+        assert_eq!(answers, [Some(1), Some(1), Some(0)]);
+        // The sandbox goes, as after a successful StopPodSandbox.
+        drop(ns);
+        ids.push(id);
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "the older attempts to be given up",
+        || record(&e, &ids[0]).is_none() && record(&e, &ids[1]).is_none(),
+    );
+    assert_eq!(
+        metric(&d, "plexus_cleanups_total{outcome=\"given_up\"}"),
+        Some(2.0)
+    );
+    // The newest is kept: nothing newer fails like it, and 1000 same
+    // failures are far off.
+    assert_eq!(cleanup(&e, &ids[2])["handedOver"], json!(true));
+    assert_eq!(metric(&d, "plexus_cleanups_pending"), Some(1.0));
 }

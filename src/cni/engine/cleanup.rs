@@ -22,6 +22,49 @@ pub(super) enum Failed {
     Own { netns_gone: bool },
 }
 
+/// What the retry task knows of a container with a pending cleanup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Tracked {
+    /// When its next retry is due (unix ms).
+    due: u64,
+    /// Its pod (`K8S_POD_UID`, else `K8S_POD_NAMESPACE/K8S_POD_NAME`), if
+    /// the runtime named one.
+    pod: Option<String>,
+    /// The first failure of its newest pending cleanup (unix ms).
+    since: u64,
+    /// The last error of each pending cleanup, without the container's
+    /// own name (see [`cause`]).
+    causes: Vec<String>,
+}
+
+/// The pod a container belongs to, from its `CNI_ARGS`.
+fn pod_of(cni_args: &str) -> Option<String> {
+    let get = |key: &str| {
+        cni_args
+            .split(';')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v)
+            .filter(|v| !v.is_empty())
+    };
+    if let Some(uid) = get("K8S_POD_UID") {
+        return Some(uid.to_string());
+    }
+    Some(format!(
+        "{}/{}",
+        get("K8S_POD_NAMESPACE")?,
+        get("K8S_POD_NAME")?
+    ))
+}
+
+/// A DEL's error without what names the container (the joined errors'
+/// preamble): the same failure of two containers reads the same.
+fn cause(error: &str) -> &str {
+    error
+        .split_once(" error(s): ")
+        .map_or(error, |(_, rest)| rest)
+}
+
 /// Longest wait between two retries, in multiples of the first.
 const MAX_BACKOFF_FACTOR: u32 = 64;
 
@@ -100,12 +143,31 @@ impl Engine {
         true
     }
 
-    /// Whether attachment `att`, which failed again in plexusd's own
-    /// retry, is to be given up.
-    fn gives_up(&self, att: &Attachment) -> bool {
-        att.cleanup
-            .as_ref()
-            .is_some_and(|c| c.same_while_gone >= self.config.cleanup.give_up_after.max(1))
+    /// Whether attachment `att` of container `id`, which failed again in
+    /// plexusd's own retry, is to be given up: it has failed the same way
+    /// `cleanupGiveUpAfter` times in a row since its container went; or it
+    /// failed so once, and a newer container of the same pod (kubelet's
+    /// next attempt at the sandbox) has a pending cleanup failing alike,
+    /// so that a pod never holds one pending cleanup per attempt. The
+    /// reason, if so.
+    fn gives_up(&self, id: &str, att: &Attachment) -> Option<&'static str> {
+        let c = att.cleanup.as_ref()?;
+        if c.same_while_gone == 0 {
+            return None;
+        }
+        if c.same_while_gone >= self.config.cleanup.give_up_after.max(1) {
+            return Some("it failed the same way every time");
+        }
+        let pod = pod_of(&att.cni_args)?;
+        let mine = cause(&c.last_error);
+        let map = self.cleanups.lock().unwrap_or_else(|e| e.into_inner());
+        let newer = map.iter().any(|(other, t)| {
+            other != id
+                && t.pod.as_deref() == Some(pod.as_str())
+                && t.since > c.first_failure_ms
+                && t.causes.iter().any(|x| x == mine)
+        });
+        newer.then_some("a newer sandbox of the same pod fails the same way")
     }
 
     pub(super) fn count(&self, outcome: &'static str) {
@@ -116,15 +178,32 @@ impl Engine {
 
     /// Takes note of what `record` (just written) leaves to retry.
     pub(super) fn track_cleanups(&self, record: &Record) {
-        let next = record
+        let pending: Vec<(&Attachment, &Cleanup)> = record
             .attachments
             .iter()
-            .filter_map(|a| a.cleanup.as_ref().map(|c| c.next_attempt_ms))
-            .min();
+            .filter_map(|a| a.cleanup.as_ref().map(|c| (a, c)))
+            .collect();
+        let tracked = pending
+            .iter()
+            .map(|(_, c)| c.next_attempt_ms)
+            .min()
+            .map(|due| Tracked {
+                due,
+                pod: pending.iter().find_map(|(a, _)| pod_of(&a.cni_args)),
+                since: pending
+                    .iter()
+                    .map(|(_, c)| c.first_failure_ms)
+                    .max()
+                    .unwrap_or(0),
+                causes: pending
+                    .iter()
+                    .map(|(_, c)| cause(&c.last_error).to_string())
+                    .collect(),
+            });
         let mut map = self.cleanups.lock().unwrap_or_else(|e| e.into_inner());
-        match next {
-            Some(due) => {
-                map.insert(record.container_id.clone(), due);
+        match tracked {
+            Some(t) => {
+                map.insert(record.container_id.clone(), t);
             }
             None => {
                 map.remove(&record.container_id);
@@ -193,7 +272,7 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .filter(|(_, next)| all || **next <= now)
+            .filter(|(_, t)| all || t.due <= now)
             .map(|(id, _)| id.clone())
             .collect();
         for id in due {
@@ -297,7 +376,7 @@ impl Engine {
                     },
                 )
                 .await;
-                if self.gives_up(left) {
+                if let Some(why) = self.gives_up(id, left) {
                     let gone = left.clone();
                     record.attachments.retain(|a| a.ifname != ifname);
                     self.count("given_up");
@@ -307,7 +386,8 @@ impl Engine {
                         networks = ?gone.delegates.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
                         left = %serde_json::to_string(&gone.delegates.iter().map(|d| serde_json::json!({"network": d.name, "interface": d.ifname, "config": d.config, "result": d.result})).collect::<Vec<_>>()).unwrap_or_default(),
                         cause = %text,
-                        "gave up the DEL of a gone container: it failed the same way every time; what these networks' plugins keep for it (addresses, host-side devices) must be released by hand"
+                        why,
+                        "gave up the DEL of a gone container; what these networks' plugins keep for it (addresses, host-side devices) must be released by hand"
                     );
                 } else {
                     self.count("retry_failed");
@@ -315,5 +395,31 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_should_be_told_by_uid_else_by_namespace_and_name() {
+        let k8s = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web;K8S_POD_UID=u-1";
+        assert_eq!(pod_of(k8s).as_deref(), Some("u-1"));
+        assert_eq!(
+            pod_of("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web").as_deref(),
+            Some("ns/web")
+        );
+        assert_eq!(pod_of("K8S_POD_NAME=web"), None);
+        assert_eq!(pod_of("IgnoreUnknown=1;K8S_POD_UID="), None);
+        assert_eq!(pod_of(""), None);
+    }
+
+    #[test]
+    fn causes_should_not_name_the_container() {
+        let a = r#"DEL of container "a" ifname "eth0" failed with 1 error(s): DEL network "mv": Link not found"#;
+        let b = r#"DEL of the rollback failed with 1 error(s): DEL network "mv": Link not found"#;
+        assert_eq!(cause(a), cause(b));
+        assert_eq!(cause("plain"), "plain");
     }
 }

@@ -222,8 +222,8 @@ pub struct Engine {
     /// GC phase takes it exclusively (see [`Engine::gc`]).
     gc_lock: RwLock<()>,
     /// Containers with a pending cleanup, each with when its next retry
-    /// is due (unix ms); see [`Engine::retry_cleanups`].
-    cleanups: Mutex<BTreeMap<String, u64>>,
+    /// is due (see [`Engine::retry_cleanups`]).
+    cleanups: Mutex<BTreeMap<String, cleanup::Tracked>>,
     metrics: Option<Arc<Metrics>>,
 }
 

@@ -238,9 +238,12 @@ fn main() {
     sections.push(run("6. Start and stop", false, |s| {
         start_stop::start_stop(s, &c)
     }));
-    sections.push(run("7. Restart under load (systemd)", true, |s| {
+    let mut restart = run("7. Restart under load (systemd)", true, |s| {
         restart::restart_under_load(s, &c)
-    }));
+    });
+    // Measured by an integration test, not here: the recorded figures.
+    restart.body.push_str(include_str!("upgrade.md"));
+    sections.push(restart);
     sections.push(run(
         "8. What the attachment record's fsyncs cost",
         false,

@@ -165,6 +165,7 @@ pub fn main(config: config::Config) -> Exit {
         selection,
         kubernetes,
         config.kubernetes.sync_timeout,
+        config.limit.queue_timeout,
     );
     if let Some(file) = &config.readiness_file {
         info!(path = %file.path.display(), timeout = %crate::duration::format(file.timeout), "ADD, STATUS and GC wait for the readiness indicator file");
@@ -412,12 +413,27 @@ async fn run<H: Handler>(
     // for the handler's sources, bounded by the handler; a stop request
     // meanwhile wins.
     if shared.handler.readiness() != Readiness::Ready {
-        if let Err(e) = notifier.status(&status_line(&shared)) {
+        let mut last = status_line(&shared);
+        if let Err(e) = notifier.status(&last) {
             warn!(cause = %e, "cannot send STATUS= to the service manager");
         }
-        tokio::select! {
-            _ = trigger.cancelled() => {}
-            _ = shared.handler.settle() => {}
+        // STATUS= stays current meanwhile: it names why the sources are
+        // not there yet (a refused certificate, 401) as soon as known.
+        let settle = shared.handler.settle();
+        tokio::pin!(settle);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = trigger.cancelled() => break,
+                _ = &mut settle => break,
+                _ = tick.tick() => {
+                    let line = status_line(&shared);
+                    if line != last {
+                        let _ = notifier.status(&line);
+                        last = line;
+                    }
+                }
+            }
         }
     }
     if let Err(e) = notifier.ready(&status_line(&shared)) {

@@ -99,10 +99,26 @@ impl Networks {
     ) -> Result<Reply, Failure> {
         let cap_args = super::capability_args(config);
         if !k.source.synced() {
-            return Err(unavailable(
-                "the Kubernetes caches (pods, NetworkAttachmentDefinitions) have not synced \
-                 yet; try again later",
-            ));
+            // A cold daemon (started by the first call after a reboot)
+            // gets pods before its caches have listed: wait for them,
+            // bounded, rather than send every pod into the runtime's
+            // back-off.
+            let bound = k.add_wait_now();
+            let started = std::time::Instant::now();
+            let synced = k.source.wait_synced(bound).await;
+            let waited = crate::duration::format(started.elapsed());
+            if !synced {
+                let cause = k
+                    .source
+                    .watch_error()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default();
+                return Err(unavailable(format!(
+                    "the Kubernetes caches (pods, NetworkAttachmentDefinitions) have not synced \
+                     (waited {waited}){cause}; try again later"
+                )));
+            }
+            tracing::info!(container_id = %inv.container_id, waited = %waited, "ADD waited for the Kubernetes caches to sync");
         }
         let pod = match k
             .source

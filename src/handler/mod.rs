@@ -40,6 +40,30 @@ struct Kubernetes {
     source: k8s::Source,
     /// Until then, unsynced caches mean "starting"; after, "degraded".
     settle_by: Instant,
+    /// The longest an ADD waits for unsynced caches (`queueTimeout`, the
+    /// wait a call accepts for admission), and never past `settle_by`.
+    add_wait: Duration,
+}
+
+impl Kubernetes {
+    /// How long an ADD arriving now may wait for the caches: until the
+    /// start-up window (`kubernetesSyncTimeout` from the start) closes, at
+    /// most `queueTimeout`. After the window, not at all: the caches
+    /// missed their start, an outage that waiting calls would only pile
+    /// up behind.
+    fn add_wait_now(&self) -> Duration {
+        self.settle_by
+            .saturating_duration_since(Instant::now())
+            .min(self.add_wait)
+    }
+
+    /// The last watch error, as a suffix for readiness texts.
+    fn cause(&self) -> String {
+        self.source
+            .watch_error()
+            .map(|e| format!(" (last error: {e})"))
+            .unwrap_or_default()
+    }
 }
 
 impl Networks {
@@ -48,6 +72,7 @@ impl Networks {
         selection: Overlay,
         kubernetes: Option<k8s::Source>,
         sync_timeout: Duration,
+        queue_timeout: Duration,
     ) -> Self {
         Self {
             engine,
@@ -57,6 +82,7 @@ impl Networks {
                 Arc::new(Kubernetes {
                     source,
                     settle_by: Instant::now() + sync_timeout,
+                    add_wait: queue_timeout,
                 })
             }),
         }
@@ -104,17 +130,17 @@ impl Handler for Networks {
         if k.source.synced() {
             Readiness::Ready
         } else if Instant::now() < k.settle_by {
-            Readiness::Starting(
+            Readiness::Starting(format!(
                 "waiting for the Kubernetes caches (this node's pods and the \
-                 NetworkAttachmentDefinitions) to sync"
-                    .into(),
-            )
+                 NetworkAttachmentDefinitions) to sync{}",
+                k.cause()
+            ))
         } else {
-            Readiness::Degraded(
+            Readiness::Degraded(format!(
                 "the Kubernetes caches have not synced; calls that need them are \
-                 answered with code 11 (try again later)"
-                    .into(),
-            )
+                 answered with code 11 (try again later){}",
+                k.cause()
+            ))
         }
     }
 
@@ -124,6 +150,7 @@ impl Handler for Networks {
             if !k.source.wait_synced(left).await {
                 tracing::warn!(
                     waited = %crate::duration::format(left),
+                    cause = %k.source.watch_error().unwrap_or_default(),
                     "the Kubernetes caches did not sync in time; serving anyway"
                 );
             }

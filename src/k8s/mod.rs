@@ -13,7 +13,8 @@
 //! - NADs: all namespaces (selection may name any namespace).
 //! - Caches re-list on `410 Gone` and back off on errors (kube-runtime's
 //!   watcher and reflector); [`Source::synced`] says when both have
-//!   listed once.
+//!   listed once; [`Source::watch_error`] says why not, with the whole
+//!   chain of causes (a refused certificate, 401 Unauthorized).
 //! - A pod the cache does not hold yet (a fresh pod racing the watch) costs
 //!   one GET, bounded by `requestTimeout`, never a failure for a slow cache.
 //! - Pod planning (`selection::pod`) reads the NADs and the kubelet's
@@ -27,7 +28,7 @@ pub mod status;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -160,7 +161,29 @@ pub struct Source {
     /// each and publishes here, where any number may look or wait.
     pods_synced: watch::Receiver<bool>,
     nads_synced: watch::Receiver<bool>,
+    /// The last error of each cache's watch (with its whole chain of
+    /// causes) until that watch recovers.
+    errors: WatchErrors,
     stop: CancellationToken,
+}
+
+/// Cache name -> the last error of its watch, while it is failing.
+type WatchErrors = Arc<Mutex<BTreeMap<&'static str, String>>>;
+
+/// An error and every cause under it (`source()`), joined with `: `; a
+/// cause whose text its parent already shows is left out.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
 }
 
 impl std::fmt::Debug for Source {
@@ -247,7 +270,8 @@ impl Source {
             pod_api,
             watcher::Config::default().fields(&format!("spec.nodeName={}", config.node_name)),
         );
-        let pods_synced = spawn_reflector("pods", pod_watch, pods_writer, &pods, &stop);
+        let errors = WatchErrors::default();
+        let pods_synced = spawn_reflector("pods", pod_watch, pods_writer, &pods, &errors, &stop);
 
         let (nads, nads_writer) = reflector::store();
         let nad_api: Api<NetworkAttachmentDefinition> = Api::all(client.clone());
@@ -257,6 +281,7 @@ impl Source {
             nad_watch,
             nads_writer,
             &nads,
+            &errors,
             &stop,
         );
 
@@ -267,8 +292,25 @@ impl Source {
             nads,
             pods_synced,
             nads_synced,
+            errors,
             stop,
         })
+    }
+
+    /// Why the watches are failing right now (each failing cache's last
+    /// error with its causes), if they are.
+    pub fn watch_error(&self) -> Option<String> {
+        let errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        if errors.is_empty() {
+            return None;
+        }
+        Some(
+            errors
+                .iter()
+                .map(|(cache, e)| format!("{cache}: {e}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
     }
 
     /// The device-info directory.
@@ -395,6 +437,7 @@ fn spawn_reflector<K>(
     stream: impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     writer: reflector::store::Writer<K>,
     store: &Store<K>,
+    errors: &WatchErrors,
     stop: &CancellationToken,
 ) -> watch::Receiver<bool>
 where
@@ -418,6 +461,7 @@ where
             }
         });
     }
+    let errors = errors.clone();
     tokio::spawn(async move {
         let mut last_error: Option<String> = None;
         let events = stream.default_backoff().reflect(writer);
@@ -429,15 +473,28 @@ where
             };
             match next {
                 None => return,
+                // Sent before every (re)list, also one about to fail: not
+                // a sign of recovery.
+                Some(Ok(watcher::Event::Init)) => {}
                 Some(Ok(_)) => {
                     if last_error.take().is_some() {
+                        errors
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(what);
                         tracing::info!(cache = what, "Kubernetes watch recovered");
                     }
                 }
                 Some(Err(e)) => {
-                    let text = e.to_string();
+                    // The whole chain: "client error (Connect)" alone does
+                    // not say that a certificate was refused.
+                    let text = error_chain(&e);
                     if last_error.as_deref() != Some(text.as_str()) {
                         tracing::warn!(cache = what, cause = %text, "Kubernetes watch failed; retrying with backoff");
+                        errors
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(what, text.clone());
                     }
                     last_error = Some(text);
                 }
@@ -445,4 +502,26 @@ where
         }
     });
     synced
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (Connect)")]
+    struct Connect(#[source] std::io::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to list: {0}")]
+    struct List(#[source] Connect);
+
+    #[test]
+    fn error_chain_should_name_every_cause_once() {
+        let e = List(Connect(std::io::Error::other(
+            "invalid peer certificate: UnknownIssuer",
+        )));
+        assert_eq!(
+            super::error_chain(&e),
+            "failed to list: client error (Connect): invalid peer certificate: UnknownIssuer"
+        );
+    }
 }

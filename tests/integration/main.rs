@@ -51,4 +51,5 @@ mod shim;
 mod shim_wire;
 mod start_order;
 mod systemd_units;
+mod upgrade;
 mod work_ownership;

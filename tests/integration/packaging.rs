@@ -55,7 +55,7 @@ fn valid_config(plexusd: &Path, config: &Path) -> serde_json::Value {
 }
 
 /// The built packages, building them first when they are missing.
-fn packages() -> &'static (PathBuf, PathBuf) {
+pub(super) fn packages() -> &'static (PathBuf, PathBuf) {
     static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BUILT.get_or_init(|| {
         let dir = repo().join("target/packages");
@@ -330,7 +330,7 @@ fn maintainer_script(
 /// Wrapper commands that turn the system-scope calls of the maintainer
 /// scripts into `systemctl --user` calls on the private manager, and log
 /// every call to `<tools>/calls`.
-fn write_tools(m: &Manager, tools: &Path) {
+pub(super) fn write_tools(m: &Manager, tools: &Path) {
     std::fs::create_dir_all(tools).unwrap();
     let env: String = m
         .client_env()

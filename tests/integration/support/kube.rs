@@ -121,6 +121,12 @@ struct State {
     watchers: Vec<mpsc::UnboundedSender<WatchMsg>>,
     /// Some(events not yet sent to open watches) while watches are held.
     held: Option<Vec<Event>>,
+    /// How long each list (a GET of a collection, not a watch) is held
+    /// back before it is answered.
+    list_delay: Duration,
+    /// Some(token): requests without `Authorization: Bearer <token>` get
+    /// 401 Unauthorized.
+    required_token: Option<String>,
 }
 
 #[derive(Debug)]
@@ -361,6 +367,18 @@ impl FakeApi {
                 s.broadcast(|| WatchMsg::Event(e.clone()));
             }
         }
+    }
+
+    /// Every list from now on is answered `delay` late (a slow API server
+    /// at a node's start); watches and single GETs are not delayed.
+    pub fn delay_lists(&self, delay: Duration) {
+        self.lock().list_delay = delay;
+    }
+
+    /// From now on only `token` is accepted: a client with another one
+    /// gets 401 Unauthorized.
+    pub fn require_token(&self, token: &str) {
+        self.lock().required_token = Some(token.to_string());
     }
 
     /// Sends a BOOKMARK on every open watch.
@@ -606,6 +624,7 @@ fn error(code: u16, reason: &str, message: &str) -> Reply {
 
 fn reason_for(code: u16) -> &'static str {
     match code {
+        401 => "Unauthorized",
         404 => "NotFound",
         409 => "Conflict",
         410 => "Expired",
@@ -739,6 +758,7 @@ async fn handle(
     };
     let content_type = header("content-type");
     let accept = header("accept");
+    let authorization = header("authorization");
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes().to_vec(),
         Err(_) => return Ok(error(400, "BadRequest", "cannot read the body")),
@@ -753,11 +773,23 @@ async fn handle(
         at: std::time::Instant::now(),
     };
     let is_watch = logged.is_watch();
-    let injected = {
+    let is_list =
+        method == Method::GET && !is_watch && route(&path).is_some_and(|t| t.name.is_none());
+    let (injected, list_delay, authorized) = {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         s.log.push(logged);
-        s.injected(&path)
+        let authorized = s
+            .required_token
+            .as_ref()
+            .is_none_or(|t| authorization.as_deref() == Some(format!("Bearer {t}").as_str()));
+        (s.injected(&path), s.list_delay, authorized)
     };
+    if !authorized {
+        return Ok(error(401, "Unauthorized", "Unauthorized"));
+    }
+    if is_list && !list_delay.is_zero() {
+        tokio::time::sleep(list_delay).await;
+    }
     // A stalled server answers nothing until released (or the client
     // gives up and closes).
     while *stalled.borrow_and_update() {

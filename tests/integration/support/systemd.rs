@@ -353,6 +353,12 @@ impl Manager {
         s
     }
 
+    /// Every process in this manager's cgroups (the manager, its units and
+    /// whatever they started).
+    pub fn processes(&self) -> BTreeSet<u32> {
+        cgroup_pids(&self.cgroups)
+    }
+
     pub fn client_env(&self) -> Vec<(String, String)> {
         let w = |d: &str| self.work.join(d).display().to_string();
         vec![

@@ -6,13 +6,17 @@
 //! sandbox's network namespace, the host's bridges and host-local's store,
 //! Plexus's records and containerd's own view of the pod.
 
-use std::path::Path;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::support::cni::{bare, bridge, conflist, Engine};
 use crate::support::containerd::{ipv4_in, Containerd, Pod};
-use crate::support::daemon::Daemon;
+use crate::support::daemon::{wait_until, Daemon};
 use crate::support::netns::{bridge_ports, Link, Subnet};
 
 /// A node: plexusd with networks `cluster` (eth0) and `lan` (net1, a
@@ -47,15 +51,27 @@ fn daemon_config(engine: &Engine) -> serde_json::Value {
 }
 
 impl Node {
+    /// A node whose containerd already uses Plexus.
     fn new(tag: &str) -> Node {
+        let n = Node::without_cni(tag, json!({}));
+        n.ctd.use_plexus(&n.sock_dir());
+        n
+    }
+
+    /// A node whose containerd has no CNI config yet; `extra` keys are
+    /// added to plexusd's config.
+    fn without_cni(tag: &str, extra: Value) -> Node {
         let engine = Engine::new(tag);
         let bridges = [Link::bridge(), Link::bridge()];
         let subnets = [Subnet::new(), Subnet::new()];
         networks(&engine, &bridges, &subnets);
-        let mut daemon = Daemon::start(&engine.dir, "d", daemon_config(&engine));
+        let mut config = daemon_config(&engine);
+        for (k, v) in extra.as_object().unwrap() {
+            config[k] = v.clone();
+        }
+        let mut daemon = Daemon::start(&engine.dir, "d", config);
         daemon.ready();
         let ctd = Containerd::start(&engine.dir, "ctd");
-        ctd.use_plexus(daemon.sock.parent().unwrap());
         Node {
             ctd,
             daemon: Some(daemon),
@@ -65,37 +81,37 @@ impl Node {
         }
     }
 
+    fn sock_dir(&self) -> PathBuf {
+        self.engine.dir.join("sock")
+    }
+
     /// Asserts everything a running pod `id` should have: eth0 and net1 in
     /// its netns with addresses of the two subnets, the runtime's IP being
-    /// eth0's, a Plexus record, a reservation in each host-local store.
+    /// eth0's, a Plexus record, each address reserved in its network's
+    /// host-local store; eth0's address.
     fn assert_attached(&self, id: &str) -> String {
         let netns = self.ctd.netns(id);
-        let eth0 = ipv4_in(&netns, "eth0");
-        let net1 = ipv4_in(&netns, "net1");
-        assert!(
-            eth0.len() == 1 && self.subnets[0].holds(&eth0[0]),
-            "{id} eth0 {eth0:?} not in {}",
-            self.subnets[0].cidr()
-        );
-        assert!(
-            net1.len() == 1 && self.subnets[1].holds(&net1[0]),
-            "{id} net1 {net1:?} not in {}",
-            self.subnets[1].cidr()
-        );
-        assert_eq!(self.ctd.status(id).ips(), vec![bare(&eth0[0])], "{id}");
-        assert!(self.engine.record(id).exists(), "no record for {id}");
-        for net in ["cluster", "lan"] {
+        let mut addrs = Vec::new();
+        for (i, (ifname, net)) in [("eth0", "cluster"), ("net1", "lan")]
+            .into_iter()
+            .enumerate()
+        {
+            let got = ipv4_in(&netns, ifname);
             assert!(
-                self.engine.reservations(net).contains(&bare(&eth0[0]))
-                    || self
-                        .engine
-                        .reservations(net)
-                        .iter()
-                        .any(|r| net1.contains(&format!("{r}/24"))),
-                "{net}: no reservation of {id}"
+                got.len() == 1 && self.subnets[i].holds(&got[0]),
+                "{id}: {ifname} {got:?} not in {}",
+                self.subnets[i].cidr()
             );
+            let reserved = self.engine.reservations(net);
+            assert!(
+                reserved.contains(&bare(&got[0])),
+                "{net}: {reserved:?} lacks {got:?}"
+            );
+            addrs.push(bare(&got[0]));
         }
-        netns
+        assert_eq!(self.ctd.status(id).ips(), vec![addrs[0].clone()], "{id}");
+        assert!(self.engine.record(id).exists(), "no record for {id}");
+        addrs.swap_remove(0)
     }
 
     /// Asserts that nothing of any pod is left: no bridge ports, no
@@ -117,7 +133,8 @@ fn pods_one_after_another_should_get_two_networks_and_leave_nothing() {
     let n = Node::new("cri-seq");
     for i in 0..5 {
         let id = n.ctd.run(&Pod::new("seq", &format!("pod-{i}")));
-        let netns = n.assert_attached(&id);
+        n.assert_attached(&id);
+        let netns = n.ctd.netns(&id);
         assert_eq!(bridge_ports(&n.bridges[0].name).len(), 1);
         assert_eq!(bridge_ports(&n.bridges[1].name).len(), 1);
         n.ctd.stop_remove(&id);
@@ -125,5 +142,147 @@ fn pods_one_after_another_should_get_two_networks_and_leave_nothing() {
         assert!(!n.engine.record(&id).exists(), "record of {id} left");
     }
     n.assert_clean();
-    drop(n.daemon);
+}
+
+/// Runs `count` pods `<prefix>-<i>` at once, one thread each; their ids.
+fn run_at_once(ctd: &Containerd, prefix: &str, count: usize) -> Vec<String> {
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..count)
+            .map(|i| s.spawn(move || ctd.run(&Pod::new("many", &format!("{prefix}-{i}")))))
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn thirty_pods_at_once_should_each_get_their_own_addresses_and_leave_nothing() {
+    let n = Node::new("cri-many");
+    let started = Instant::now();
+    let ids = run_at_once(&n.ctd, "pod", 30);
+    let ran = started.elapsed();
+    let mut eth0: Vec<String> = ids.iter().map(|id| n.assert_attached(id)).collect();
+    eth0.sort();
+    eth0.dedup();
+    assert_eq!(eth0.len(), 30, "addresses given twice");
+    for b in &n.bridges {
+        assert_eq!(bridge_ports(&b.name).len(), 30, "{}", b.name);
+    }
+    assert_eq!(n.engine.records().len(), 30);
+    assert_eq!(n.ctd.netns_files().len(), 30);
+    std::thread::scope(|s| {
+        for id in &ids {
+            let ctd = &n.ctd;
+            s.spawn(move || ctd.stop_remove(id));
+        }
+    });
+    n.assert_clean();
+    eprintln!(
+        "30 RunPodSandbox at once: {ran:?}; all: {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn sandboxes_should_be_removed_cleanly_after_plexusd_was_killed() {
+    let mut n = Node::new("cri-kill");
+    let ids = run_at_once(&n.ctd, "pod", 3);
+    for id in &ids {
+        n.assert_attached(id);
+    }
+    let mut d = n.daemon.take().unwrap();
+    d.signal(libc::SIGKILL);
+    d.wait_exit(T);
+    // Nothing answers: the runtime cannot tear the network down, says so,
+    // and keeps the sandbox.
+    assert_eq!(n.ctd.stop_failures(&ids[0], 2), 2);
+    assert_eq!(n.ctd.sandboxes().len(), 3);
+    let mut d = Daemon::start(&n.engine.dir, "d2", daemon_config(&n.engine));
+    d.ready();
+    n.daemon = Some(d);
+    for id in &ids {
+        n.ctd.stop_remove(id);
+    }
+    n.assert_clean();
+}
+
+/// How often plexusd is restarted while pods are created.
+const T: Duration = Duration::from_secs(60);
+
+/// How often plexusd is restarted while pods are created.
+const RESTARTS: usize = 5;
+
+#[test]
+fn pods_created_while_plexusd_restarts_under_socket_activation_should_never_fail() {
+    let engine = Engine::new("cri-restart");
+    let bridges = [Link::bridge(), Link::bridge()];
+    let subnets = [Subnet::new(), Subnet::new()];
+    networks(&engine, &bridges, &subnets);
+    // Declared before the node: dropped after containerd is gone.
+    let mut daemon: Option<Daemon>;
+    let n = Node {
+        ctd: Containerd::start(&engine.dir, "ctd"),
+        daemon: None,
+        engine,
+        subnets,
+        bridges,
+    };
+    let path = n.sock_dir().join("plexus.sock");
+    std::fs::create_dir_all(n.sock_dir()).unwrap();
+    // The test is the service manager: it holds the listening socket and
+    // hands it to each plexusd it starts.
+    let listener = UnixListener::bind(&path).unwrap();
+    let config = daemon_config(&n.engine);
+    let start = |tag: &str| {
+        let mut d = Daemon::start_activated(&n.engine.dir, tag, config.clone(), &listener, &path);
+        d.ready();
+        d
+    };
+    daemon = Some(start("d0"));
+    n.ctd.use_plexus(&n.sock_dir());
+    let done = AtomicBool::new(false);
+    let tried = AtomicUsize::new(0);
+    let failed = Mutex::new(Vec::new());
+    let ids = std::thread::scope(|s| {
+        let creator = s.spawn(|| {
+            let mut ids = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let pod = Pod::new("restart", &format!("pod-{}", tried.load(Ordering::SeqCst)));
+                match n.ctd.try_run(&pod) {
+                    Ok(id) => ids.push(id),
+                    Err(e) => failed.lock().unwrap().push(e.to_string()),
+                }
+                tried.fetch_add(1, Ordering::SeqCst);
+            }
+            ids
+        });
+        for r in 1..=RESTARTS {
+            // A pod since the last restart: restarts are spread over the
+            // creations, each one with calls in flight or queued.
+            let seen = tried.load(Ordering::SeqCst);
+            wait_until(T, "a RunPodSandbox to finish", || {
+                tried.load(Ordering::SeqCst) > seen
+            });
+            let mut old = daemon.take().unwrap();
+            old.terminate();
+            assert!(old.wait_exit(T).success(), "{}", old.log_text());
+            daemon = Some(start(&format!("d{r}")));
+        }
+        let seen = tried.load(Ordering::SeqCst);
+        wait_until(T, "a RunPodSandbox after the last restart", || {
+            tried.load(Ordering::SeqCst) > seen
+        });
+        done.store(true, Ordering::SeqCst);
+        creator.join().unwrap()
+    });
+    let failed = failed.into_inner().unwrap();
+    assert_eq!(failed, Vec::<String>::new(), "failed RunPodSandbox calls");
+    assert!(ids.len() > RESTARTS, "{} pods", ids.len());
+    eprintln!("{} pods across {RESTARTS} restarts", ids.len());
+    for id in &ids {
+        n.assert_attached(id);
+    }
+    for id in &ids {
+        n.ctd.stop_remove(id);
+    }
+    n.assert_clean();
 }

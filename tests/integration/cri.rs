@@ -8,6 +8,7 @@
 
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -16,7 +17,9 @@ use serde_json::{json, Value};
 
 use crate::support::cni::{bare, bridge, conflist, Engine};
 use crate::support::containerd::{ipv4_in, Containerd, Pod};
-use crate::support::daemon::{wait_until, Daemon};
+use crate::support::cri_client::SANDBOX_READY;
+use crate::support::daemon::{wait_until, Daemon, PLEXUSD};
+use crate::support::kube::{FakeApi, NODE};
 use crate::support::netns::{bridge_ports, Link, Subnet};
 
 /// A node: plexusd with networks `cluster` (eth0) and `lan` (net1, a
@@ -209,7 +212,9 @@ fn sandboxes_should_be_removed_cleanly_after_plexusd_was_killed() {
 const T: Duration = Duration::from_secs(60);
 
 /// How often plexusd is restarted while pods are created.
-const RESTARTS: usize = 5;
+const RESTARTS: usize = 10;
+/// Threads creating pods meanwhile, each one call at a time.
+const CREATORS: usize = 3;
 
 #[test]
 fn pods_created_while_plexusd_restarts_under_socket_activation_should_never_fail() {
@@ -243,18 +248,26 @@ fn pods_created_while_plexusd_restarts_under_socket_activation_should_never_fail
     let tried = AtomicUsize::new(0);
     let failed = Mutex::new(Vec::new());
     let ids = std::thread::scope(|s| {
-        let creator = s.spawn(|| {
-            let mut ids = Vec::new();
-            while !done.load(Ordering::SeqCst) {
-                let pod = Pod::new("restart", &format!("pod-{}", tried.load(Ordering::SeqCst)));
-                match n.ctd.try_run(&pod) {
-                    Ok(id) => ids.push(id),
-                    Err(e) => failed.lock().unwrap().push(e.to_string()),
-                }
-                tried.fetch_add(1, Ordering::SeqCst);
-            }
-            ids
-        });
+        let creators: Vec<_> = (0..CREATORS)
+            .map(|c| {
+                let (done, tried, failed, ctd) = (&done, &tried, &failed, &n.ctd);
+                s.spawn(move || {
+                    let mut ids = Vec::new();
+                    for attempt in 0.. {
+                        if done.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let pod = Pod::new("restart", &format!("pod-{c}-{attempt}"));
+                        match ctd.try_run(&pod) {
+                            Ok(id) => ids.push(id),
+                            Err(e) => failed.lock().unwrap().push(e.to_string()),
+                        }
+                        tried.fetch_add(1, Ordering::SeqCst);
+                    }
+                    ids
+                })
+            })
+            .collect();
         for r in 1..=RESTARTS {
             // A pod since the last restart: restarts are spread over the
             // creations, each one with calls in flight or queued.
@@ -272,7 +285,10 @@ fn pods_created_while_plexusd_restarts_under_socket_activation_should_never_fail
             tried.load(Ordering::SeqCst) > seen
         });
         done.store(true, Ordering::SeqCst);
-        creator.join().unwrap()
+        creators
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect::<Vec<_>>()
     });
     let failed = failed.into_inner().unwrap();
     assert_eq!(failed, Vec::<String>::new(), "failed RunPodSandbox calls");
@@ -285,4 +301,118 @@ fn pods_created_while_plexusd_restarts_under_socket_activation_should_never_fail
         n.ctd.stop_remove(id);
     }
     n.assert_clean();
+}
+
+#[test]
+fn generate_config_written_while_containerd_runs_should_send_the_next_sandbox_through_plexus() {
+    let n = Node::without_cni("cri-gen", json!({}));
+    // No network config yet: the runtime says so and runs no sandbox.
+    assert!(!n.ctd.cri.condition("NetworkReady"));
+    let err = n.ctd.try_run(&Pod::new("gen", "early")).unwrap_err();
+    assert!(err.message.contains("cni"), "{err}");
+    // containerd keeps the failed sandbox, not ready, for the kubelet to
+    // stop and remove.
+    let kept = n.ctd.cri.list_pod_sandbox().unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_ne!(kept[0].state, SANDBOX_READY, "{kept:?}");
+    let early = kept[0].id.clone();
+    // The generator's configuration: plexusd's own confDir holds the
+    // primary (cluster) network, containerd's conf_dir gets the output.
+    let config = json!({
+        "multusAutoconfigDir": n.engine.conf_dir,
+        "cniConfigDir": n.ctd.conf_dir,
+        "daemonSocketDir": n.sock_dir(),
+    });
+    let path = n.engine.dir.join("generate.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let out = Command::new(PLEXUSD)
+        .arg("--config")
+        .arg(&path)
+        .arg("generate-config")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let written: Value =
+        serde_json::from_slice(&std::fs::read(n.ctd.conf_dir.join("00-plexus.conf")).unwrap())
+            .unwrap();
+    assert_eq!(written["type"], "plexus-shim", "{written}");
+    n.ctd.wait_network_ready();
+    let id = n.ctd.run(&Pod::new("gen", "first"));
+    n.assert_attached(&id);
+    n.ctd.stop_remove(&id);
+    // The failed sandbox goes too, through Plexus, which never saw it.
+    n.ctd.stop_remove(&early);
+    n.assert_clean();
+}
+
+/// The pods' namespace on the fake API server.
+const K8S_NS: &str = "team";
+/// The annotation selecting a pod's networks.
+const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+
+#[test]
+fn pods_should_get_the_networks_their_annotations_select_from_the_api_server() {
+    let api = FakeApi::start();
+    let engine = Engine::new("cri-k8s");
+    let bridges = [Link::bridge(), Link::bridge()];
+    let subnets = [Subnet::new(), Subnet::new()];
+    let cluster = bridge(&bridges[0].name, engine.host_local(&subnets[0]));
+    engine.write_network(
+        "10-cluster.conflist",
+        &conflist("cluster", "1.0.0", vec![cluster]),
+    );
+    let blue = bridge(&bridges[1].name, engine.host_local(&subnets[1]));
+    let blue = conflist("blue-net", "1.0.0", vec![blue]).to_string();
+    api.put_nad(K8S_NS, "blue", Some(&blue), json!({}));
+    // Selection reads the pod from the API server by the name containerd
+    // passes (K8S_POD_NAMESPACE, K8S_POD_NAME from the sandbox metadata).
+    let networks = json!({NETWORKS: "blue"});
+    api.put_pod(K8S_NS, "web", "uid-team-web", NODE, networks.clone());
+    api.put_pod(K8S_NS, "plain", "uid-team-plain", NODE, json!({}));
+    let daemon = api.start_daemon(&engine.dir, engine.config("cluster", "20s"), "5s");
+    let n = Node {
+        ctd: Containerd::start(&engine.dir, "ctd"),
+        daemon: Some(daemon),
+        engine,
+        subnets,
+        bridges,
+    };
+    n.ctd.use_plexus(&n.sock_dir());
+
+    let mark = api.mark();
+    let web = n
+        .ctd
+        .run(&Pod::new(K8S_NS, "web").annotate(NETWORKS, "blue"));
+    let plain = n.ctd.run(&Pod::new(K8S_NS, "plain"));
+    let web_ns = n.ctd.netns(&web);
+    let (eth0, net1) = (ipv4_in(&web_ns, "eth0"), ipv4_in(&web_ns, "net1"));
+    assert!(eth0.len() == 1 && n.subnets[0].holds(&eth0[0]), "{eth0:?}");
+    assert!(net1.len() == 1 && n.subnets[1].holds(&net1[0]), "{net1:?}");
+    assert_eq!(n.ctd.status(&web).ips(), vec![bare(&eth0[0])]);
+    let plain_ns = n.ctd.netns(&plain);
+    assert_eq!(ipv4_in(&plain_ns, "net1"), Vec::<String>::new());
+    assert_eq!(ipv4_in(&plain_ns, "eth0").len(), 1);
+    assert_eq!(bridge_ports(&n.bridges[1].name).len(), 1);
+    assert!(n.engine.record(&web).exists() && n.engine.record(&plain).exists());
+    // The status was written to the pod the runtime named.
+    assert_eq!(
+        api.network_status_names(K8S_NS, "web"),
+        ["cluster", "team/blue"]
+    );
+    assert_eq!(api.network_status_names(K8S_NS, "plain"), ["cluster"]);
+    let patches = api
+        .calls_since(mark)
+        .into_iter()
+        .filter(|c| c.method == "PATCH")
+        .count();
+    assert_eq!(patches, 2);
+
+    n.ctd.stop_remove(&web);
+    n.ctd.stop_remove(&plain);
+    assert_eq!(bridge_ports(&n.bridges[0].name), Vec::<String>::new());
+    assert_eq!(bridge_ports(&n.bridges[1].name), Vec::<String>::new());
+    assert_eq!(n.engine.reservations("blue-net"), Vec::<String>::new());
+    assert_eq!(n.engine.reservations("cluster"), Vec::<String>::new());
+    assert_eq!(n.engine.records(), Vec::<String>::new());
+    n.ctd.assert_empty();
 }

@@ -103,8 +103,6 @@ pub struct Containerd {
     pub sock: PathBuf,
     /// The CRI plugin's CNI `conf_dir` (empty unless a test writes to it).
     pub conf_dir: PathBuf,
-    /// The CNI `bin_dir`: plexus-shim and loopback.
-    pub bin_dir: PathBuf,
     pub state: PathBuf,
     pub log: PathBuf,
     pub cri: CriClient,
@@ -153,7 +151,7 @@ impl Containerd {
             dir: base,
             sock,
             conf_dir,
-            bin_dir,
+
             state,
             log,
             cri,
@@ -206,7 +204,8 @@ impl Containerd {
             "plugins": [{
                 "type": "plexus-shim",
                 "daemonSocketDir": daemon_socket_dir,
-                "connectTimeout": "10s",
+                // Short: a test sees a dead daemon's calls fail quickly.
+                "connectTimeout": "2s",
                 "timeout": "50s",
             }],
         });

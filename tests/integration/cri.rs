@@ -17,7 +17,6 @@ use serde_json::{json, Value};
 
 use crate::support::cni::{bare, bridge, conflist, Engine};
 use crate::support::containerd::{ipv4_in, Containerd, Pod};
-use crate::support::cri_client::SANDBOX_READY;
 use crate::support::daemon::{wait_until, Daemon, PLEXUSD};
 use crate::support::kube::{FakeApi, NODE};
 use crate::support::netns::{bridge_ports, Link, Subnet};
@@ -308,14 +307,12 @@ fn generate_config_written_while_containerd_runs_should_send_the_next_sandbox_th
     let n = Node::without_cni("cri-gen", json!({}));
     // No network config yet: the runtime says so and runs no sandbox.
     assert!(!n.ctd.cri.condition("NetworkReady"));
-    let err = n.ctd.try_run(&Pod::new("gen", "early")).unwrap_err();
-    assert!(err.message.contains("cni"), "{err}");
     // containerd keeps the failed sandbox, not ready, for the kubelet to
     // stop and remove.
-    let kept = n.ctd.cri.list_pod_sandbox().unwrap();
-    assert_eq!(kept.len(), 1, "{kept:?}");
-    assert_ne!(kept[0].state, SANDBOX_READY, "{kept:?}");
-    let early = kept[0].id.clone();
+    let (err, early) = n.ctd.run_failing(&Pod::new("gen", "early"));
+    assert!(err.message.contains("cni"), "{err}");
+    let early = early.expect("the failed sandbox is kept");
+    assert_eq!(n.ctd.sandboxes(), std::slice::from_ref(&early));
     // The generator's configuration: plexusd's own confDir holds the
     // primary (cluster) network, containerd's conf_dir gets the output.
     let config = json!({

@@ -28,7 +28,8 @@ use serde_json::{json, Value};
 
 use super::cni::{list_dir, processes_matching, SYSTEM_PLUGINS};
 use super::cri_client::{
-    CriClient, CriError, LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata, SandboxStatus,
+    CriClient, CriError, LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata,
+    SandboxStatus, SANDBOX_READY,
 };
 use super::daemon::{poll, wait_until, TestDir};
 use super::netns::{parse_addr_json, Iface};
@@ -225,6 +226,24 @@ impl Containerd {
     /// RunPodSandbox for `pod`; the sandbox id, or the call's error.
     pub fn try_run(&self, pod: &Pod) -> Result<String, CriError> {
         self.cri.run_pod_sandbox(pod.config())
+    }
+
+    /// RunPodSandbox that must fail: its error, and the id of the sandbox
+    /// containerd keeps for it (not ready, for the kubelet to stop and
+    /// remove), if it kept one.
+    pub fn run_failing(&self, pod: &Pod) -> (CriError, Option<String>) {
+        let Err(e) = self.try_run(pod) else {
+            panic!("RunPodSandbox {}/{} succeeded", pod.namespace, pod.name);
+        };
+        let kept = self.cri.list_pod_sandbox().unwrap().into_iter().find(|s| {
+            s.metadata
+                .as_ref()
+                .is_some_and(|m| m.name == pod.name && m.namespace == pod.namespace)
+        });
+        if let Some(s) = &kept {
+            assert_ne!(s.state, SANDBOX_READY, "failed sandbox is ready: {s:?}");
+        }
+        (e, kept.map(|s| s.id))
     }
 
     /// RunPodSandbox that must succeed.

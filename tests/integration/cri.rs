@@ -113,6 +113,8 @@ impl Node {
         }
         assert_eq!(self.ctd.status(id).ips(), vec![addrs[0].clone()], "{id}");
         assert!(self.engine.record(id).exists(), "no record for {id}");
+        let cgroup = self.ctd.sandbox_cgroup(id);
+        assert!(cgroup.is_dir(), "{} missing", cgroup.display());
         addrs.swap_remove(0)
     }
 

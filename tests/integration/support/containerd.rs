@@ -32,7 +32,7 @@ use super::cri_client::{
     SandboxStatus, SANDBOX_READY,
 };
 use super::daemon::{poll, wait_until, TestDir};
-use super::netns::{parse_addr_json, Iface};
+use super::netns::{parse_addr_json, unique_name, Iface};
 use super::shim::SHIM;
 
 /// The sandbox image's name in containerd's `k8s.io` namespace.
@@ -81,7 +81,7 @@ impl Pod {
         self
     }
 
-    fn config(&self) -> PodSandboxConfig {
+    fn config(&self, cgroup_parent: &str) -> PodSandboxConfig {
         PodSandboxConfig {
             metadata: Some(PodSandboxMetadata {
                 name: self.name.clone(),
@@ -92,7 +92,9 @@ impl Pod {
             hostname: String::new(),
             labels: HashMap::new(),
             annotations: self.annotations.clone(),
-            linux: Some(LinuxPodSandboxConfig::default()),
+            linux: Some(LinuxPodSandboxConfig {
+                cgroup_parent: cgroup_parent.into(),
+            }),
         }
     }
 }
@@ -108,6 +110,9 @@ pub struct Containerd {
     pub log: PathBuf,
     pub cri: CriClient,
     runc_root: PathBuf,
+    /// The sandboxes' cgroup parent, `/<unique name>` in every hierarchy,
+    /// removed on drop (rather than containerd's shared `/k8s.io`).
+    cgroup: String,
     child: Child,
 }
 
@@ -157,6 +162,7 @@ impl Containerd {
             log,
             cri,
             runc_root,
+            cgroup: format!("/{}", unique_name("cg")),
             child,
         };
         let served = poll(T, Duration::from_millis(20), || {
@@ -225,7 +231,7 @@ impl Containerd {
 
     /// RunPodSandbox for `pod`; the sandbox id, or the call's error.
     pub fn try_run(&self, pod: &Pod) -> Result<String, CriError> {
-        self.cri.run_pod_sandbox(pod.config())
+        self.cri.run_pod_sandbox(pod.config(&self.cgroup))
     }
 
     /// RunPodSandbox that must fail: its error, and the id of the sandbox
@@ -294,6 +300,14 @@ impl Containerd {
         ns
     }
 
+    /// The sandbox's cgroup in the `pids` hierarchy (under this
+    /// containerd's cgroup parent).
+    pub fn sandbox_cgroup(&self, id: &str) -> PathBuf {
+        Path::new("/sys/fs/cgroup/pids")
+            .join(&self.cgroup[1..])
+            .join(id)
+    }
+
     /// Ids of the sandboxes the CRI lists.
     pub fn sandboxes(&self) -> Vec<String> {
         self.cri
@@ -337,6 +351,12 @@ impl Containerd {
         assert_eq!(self.netns_files(), Vec::<PathBuf>::new(), "netns left");
         assert_eq!(self.mounts(), Vec::<String>::new(), "mounts left");
         assert_eq!(self.runc_containers(), Vec::<String>::new(), "runc left");
+        let cgroups = Path::new("/sys/fs/cgroup/pids").join(&self.cgroup[1..]);
+        let left: Vec<String> = list_dir(&cgroups)
+            .into_iter()
+            .filter(|f| cgroups.join(f).is_dir())
+            .collect();
+        assert_eq!(left, Vec::<String>::new(), "cgroups left");
     }
 
     pub fn log_text(&self) -> String {
@@ -387,6 +407,9 @@ impl Drop for Containerd {
         });
         for s in sockets {
             let _ = fs::remove_file(s);
+        }
+        for h in list_dir(Path::new("/sys/fs/cgroup")) {
+            let _ = fs::remove_dir(format!("/sys/fs/cgroup/{h}{}", self.cgroup));
         }
         for m in self.mounts().iter().rev() {
             if let Ok(c) = std::ffi::CString::new(m.as_str()) {

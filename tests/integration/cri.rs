@@ -209,8 +209,17 @@ fn sandboxes_should_be_removed_cleanly_after_plexusd_was_killed() {
     n.assert_clean();
 }
 
-/// How often plexusd is restarted while pods are created.
+/// Longest wait for a daemon or a call.
 const T: Duration = Duration::from_secs(60);
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
 
 /// How often plexusd is restarted while pods are created.
 const RESTARTS: usize = 10;
@@ -249,6 +258,8 @@ fn pods_created_while_plexusd_restarts_under_socket_activation_should_never_fail
     let tried = AtomicUsize::new(0);
     let failed = Mutex::new(Vec::new());
     let ids = std::thread::scope(|s| {
+        // The creators stop when the restarts end, also by a panic.
+        let _stop = StopOnDrop(&done);
         let creators: Vec<_> = (0..CREATORS)
             .map(|c| {
                 let (done, tried, failed, ctd) = (&done, &tried, &failed, &n.ctd);

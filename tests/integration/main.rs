@@ -22,6 +22,7 @@ mod cni_networks;
 mod cni_plugins;
 mod config_overlay;
 mod crash_recovery;
+mod cri;
 mod daemon_lifecycle;
 mod del_policy;
 mod delegate;

@@ -2,6 +2,8 @@
 //! `main.rs`; the test modules use it as `crate::support`).
 
 pub mod cni;
+pub mod containerd;
+pub mod cri_client;
 pub mod daemon;
 pub mod http;
 pub mod inproc;

@@ -426,3 +426,145 @@ fn pods_should_get_the_networks_their_annotations_select_from_the_api_server() {
     assert_eq!(n.engine.records(), Vec::<String>::new());
     n.ctd.assert_empty();
 }
+
+/// A counter of plexusd's `/metrics`, 0 when it has no sample yet.
+fn counter(d: &Daemon, sample: &str) -> u64 {
+    let resp = crate::support::http::request(&d.sock, "GET", "/metrics", b"").unwrap();
+    resp.body_str()
+        .lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+fn dels(d: &Daemon, outcome: &str) -> u64 {
+    counter(
+        d,
+        &format!(
+            "plexus_requests_total{{endpoint=\"/cni\",command=\"DEL\",outcome=\"{outcome}\"}}"
+        ),
+    )
+}
+
+/// A node whose pods get `cluster` (eth0), `lan` (net1) and `broken`
+/// (net2), a network whose every ADD and DEL fail; plexusd retries failed
+/// DELs every 100 ms and gives up after 2 same failures.
+fn never_node(tag: &str, broken: impl FnOnce(&Engine) -> Value) -> Node {
+    let n = Node::without_cni(
+        tag,
+        json!({
+            "defaultNetworks": ["lan", "broken"],
+            "cleanupRetryInterval": "100ms",
+            "cleanupGiveUpAfter": 2,
+        }),
+    );
+    let broken = broken(&n.engine);
+    n.engine.write_network(
+        "30-broken.conflist",
+        &conflist("broken", "1.0.0", vec![broken]),
+    );
+    n.ctd.use_plexus(&n.sock_dir());
+    n
+}
+
+/// The one pending network of `id`'s record, which must be handed over
+/// (or not yet, `handed_over`).
+fn assert_pending(n: &Node, id: &str, handed_over: bool) {
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(n.engine.record(id)).unwrap()).unwrap();
+    let atts = record["attachments"].as_array().unwrap();
+    assert_eq!(atts.len(), 1, "{record}");
+    assert_eq!(
+        atts[0]["cleanup"]["handedOver"],
+        json!(handed_over),
+        "{record}"
+    );
+    let names: Vec<&str> = atts[0]["delegates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["broken"],
+        "only the network that cannot work is pending"
+    );
+    // The ADD's rollback undid eth0 and net1.
+    assert!(n.engine.reservations("cluster").is_empty() && n.engine.reservations("lan").is_empty());
+}
+
+/// A bridge network with an invalid VLAN id: Debian's bridge refuses its
+/// configuration on ADD and on DEL alike ("invalid VLAN ID"). Every
+/// StopPodSandbox used to fail for ever; now the third succeeds, the
+/// sandbox goes, and plexusd gives the network's DEL up once the
+/// namespace is gone.
+#[test]
+fn a_pod_whose_network_can_never_work_should_be_stopped_by_the_third_stop() {
+    let br = Link::bridge();
+    let subnet = Subnet::new();
+    let n = never_node(
+        "cri-vlan",
+        |e| json!({"type": "bridge", "bridge": br.name, "vlan": 5000, "ipam": e.host_local(&subnet)}),
+    );
+    let d = n.daemon.as_ref().unwrap();
+    let (err, kept) = n.ctd.run_failing(&Pod::new("never", "web"));
+    assert!(err.message.contains("invalid VLAN ID"), "{err}");
+    let id = kept.expect("containerd keeps the sandbox whose teardown failed");
+    let dels_in_run = dels(d, "error");
+    assert_pending(&n, &id, false);
+
+    // The kubelet calls StopPodSandbox until it succeeds.
+    let mut stops = 0;
+    while n.ctd.cri.stop_pod_sandbox(&id).is_err() {
+        stops += 1;
+        assert!(stops < 10, "StopPodSandbox still fails after 10 calls");
+    }
+    eprintln!(
+        "never-working bridge: {dels_in_run} failed DEL during RunPodSandbox; StopPodSandbox failed {stops} time(s), then succeeded; DELs answered with an error: {}, with success: {}",
+        dels(d, "error"),
+        dels(d, "success"),
+    );
+    assert_eq!(
+        stops,
+        2 - dels_in_run.min(2) as usize,
+        "the runtime hears of 2 failed DELs in all"
+    );
+    assert_pending(&n, &id, true);
+
+    n.ctd.cri.remove_pod_sandbox(&id).unwrap();
+    wait_until(T, "the pending cleanup to be given up", || {
+        !n.engine.record(&id).exists()
+    });
+    assert_eq!(counter(d, "plexus_cleanups_total{outcome=\"given_up\"}"), 1);
+    n.assert_clean();
+}
+
+/// macvlan on a master the node does not have: every DEL fails with
+/// "Link not found", which containerd 1.6 takes for success, so it
+/// forgets the sandbox at once. Plexus used to keep a record of it for
+/// ever; now its pending cleanup is given up once the namespace is gone.
+#[test]
+fn a_sandbox_the_runtime_forgot_should_have_its_cleanup_given_up() {
+    let master = crate::support::netns::unique_name("nm");
+    let subnet = Subnet::new();
+    let n = never_node(
+        "cri-never",
+        |e| json!({"type": "macvlan", "master": master, "mode": "bridge", "ipam": e.host_local(&subnet)}),
+    );
+    let d = n.daemon.as_ref().unwrap();
+    let (err, kept) = n.ctd.run_failing(&Pod::new("never", "web"));
+    assert!(err.message.contains("Link not found"), "{err}");
+    assert_eq!(
+        kept, None,
+        "containerd ignores a DEL error that says \"not found\""
+    );
+    eprintln!(
+        "macvlan without master: DELs during RunPodSandbox answered with an error: {}",
+        dels(d, "error")
+    );
+    wait_until(T, "the pending cleanup to be given up", || {
+        n.engine.records().is_empty()
+    });
+    assert_eq!(counter(d, "plexus_cleanups_total{outcome=\"given_up\"}"), 1);
+    n.assert_clean();
+}

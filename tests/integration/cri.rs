@@ -495,11 +495,12 @@ fn assert_pending(n: &Node, id: &str, handed_over: bool) {
 
 /// A bridge network with an invalid VLAN id: Debian's bridge refuses its
 /// configuration on ADD and on DEL alike ("invalid VLAN ID"). Every
-/// StopPodSandbox used to fail for ever; now the third succeeds, the
+/// StopPodSandbox used to fail for ever; now the second succeeds (the
+/// third DEL: containerd's own teardown in RunPodSandbox was the first), the
 /// sandbox goes, and plexusd gives the network's DEL up once the
 /// namespace is gone.
 #[test]
-fn a_pod_whose_network_can_never_work_should_be_stopped_by_the_third_stop() {
+fn a_pod_whose_network_can_never_work_should_be_stopped_by_the_second_stop_call() {
     let br = Link::bridge();
     let subnet = Subnet::new();
     let n = never_node(

@@ -429,11 +429,7 @@ fn pods_should_get_the_networks_their_annotations_select_from_the_api_server() {
 
 /// A counter of plexusd's `/metrics`, 0 when it has no sample yet.
 fn counter(d: &Daemon, sample: &str) -> u64 {
-    let resp = crate::support::http::request(&d.sock, "GET", "/metrics", b"").unwrap();
-    resp.body_str()
-        .lines()
-        .find_map(|l| l.strip_prefix(sample)?.trim().parse::<f64>().ok())
-        .unwrap_or(0.0) as u64
+    crate::support::http::metric(&d.sock, sample).unwrap_or(0.0) as u64
 }
 
 fn dels(d: &Daemon, outcome: &str) -> u64 {

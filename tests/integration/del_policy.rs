@@ -51,11 +51,23 @@ fn cleanup(e: &Engine, id: &str) -> Value {
     atts[0]["cleanup"].clone()
 }
 
-fn metric(d: &Daemon, line_start: &str) -> Option<f64> {
-    let resp = http::request(&d.sock, "GET", "/metrics", b"").unwrap();
-    resp.body_str()
-        .lines()
-        .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+fn metric(d: &Daemon, sample: &str) -> Option<f64> {
+    http::metric(&d.sock, sample)
+}
+
+/// The working cluster network `dp-main` (bridge + host-local) on a
+/// bridge of its own.
+fn main_network(e: &Engine) -> Link {
+    let br = Link::bridge();
+    e.write_network(
+        "10-main.conflist",
+        &conflist(
+            "dp-main",
+            "1.0.0",
+            vec![bridge(&br.name, e.host_local(&Subnet::new()))],
+        ),
+    );
+    br
 }
 
 fn del(d: &Daemon, id: &str, ns: &Netns) -> Run {
@@ -66,17 +78,9 @@ fn del(d: &Daemon, id: &str, ns: &Netns) -> Run {
 /// does not exist (net1): every ADD and every DEL of it fail.
 fn never_node(tag: &str, give_up: u32) -> (Engine, Link, Daemon) {
     let e = Engine::new(tag);
-    let br = Link::bridge();
-    let (s1, s2) = (Subnet::new(), Subnet::new());
+    let br = main_network(&e);
+    let s2 = Subnet::new();
     let master = unique_name("nm");
-    e.write_network(
-        "10-main.conflist",
-        &conflist(
-            "dp-main",
-            "1.0.0",
-            vec![bridge(&br.name, e.host_local(&s1))],
-        ),
-    );
     e.write_network(
         "20-mv.conflist",
         &conflist(
@@ -188,17 +192,9 @@ fi
 
 fn flaky_node(tag: &str, fails: u32) -> (Engine, Link, Link, Daemon) {
     let e = Engine::new(tag);
-    let (br, br2) = (Link::bridge(), Link::bridge());
-    let (s1, s2) = (Subnet::new(), Subnet::new());
+    let (br, br2) = (main_network(&e), Link::bridge());
+    let s2 = Subnet::new();
     flaky(&e, fails);
-    e.write_network(
-        "10-main.conflist",
-        &conflist(
-            "dp-main",
-            "1.0.0",
-            vec![bridge(&br.name, e.host_local(&s1))],
-        ),
-    );
     e.write_network(
         "20-flaky.conflist",
         &conflist(

@@ -39,12 +39,12 @@ pub(super) struct Tracked {
 
 /// The pod a container belongs to, from its `CNI_ARGS`.
 fn pod_of(cni_args: &str) -> Option<String> {
+    let pairs = crate::netconf::parse_args(cni_args).ok()?;
     let get = |key: &str| {
-        cni_args
-            .split(';')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| v)
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
             .filter(|v| !v.is_empty())
     };
     if let Some(uid) = get("K8S_POD_UID") {

@@ -145,3 +145,12 @@ pub fn parse_response(buf: &[u8]) -> io::Result<Response> {
         body: buf[end + 4..].to_vec(),
     })
 }
+
+/// The value of the sample `sample` (a metric name with its labels, as
+/// rendered) in `GET /metrics` at `sock`; `None` when it has none yet.
+pub fn metric(sock: &Path, sample: &str) -> Option<f64> {
+    let resp = request(sock, "GET", "/metrics", b"").unwrap();
+    resp.body_str()
+        .lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+}

@@ -22,6 +22,11 @@ use crate::support::shim::Run;
 /// retrying failed DELs every 100 ms and giving up after `give_up` same
 /// failures.
 fn start(e: &Engine, main: &str, extra: &str, give_up: u32) -> Daemon {
+    start_with(e, main, extra, give_up, "100ms")
+}
+
+/// [`start`] with `cleanupRetryInterval` `interval`.
+fn start_with(e: &Engine, main: &str, extra: &str, give_up: u32, interval: &str) -> Daemon {
     let config = json!({
         "confDir": e.conf_dir,
         "binDir": format!("{}:{SYSTEM_PLUGINS}", e.bin_dir.display()),
@@ -30,7 +35,7 @@ fn start(e: &Engine, main: &str, extra: &str, give_up: u32) -> Daemon {
         "defaultNetworks": [extra],
         "pluginTimeout": "20s",
         "delErrorsReported": 2,
-        "cleanupRetryInterval": "100ms",
+        "cleanupRetryInterval": interval,
         "cleanupGiveUpAfter": give_up,
     });
     let mut d = Daemon::start(&e.dir, "d", config);
@@ -191,6 +196,11 @@ fi
 }
 
 fn flaky_node(tag: &str, fails: u32) -> (Engine, Link, Link, Daemon) {
+    flaky_node_with(tag, fails, "100ms")
+}
+
+/// [`flaky_node`] with `cleanupRetryInterval` `interval`.
+fn flaky_node_with(tag: &str, fails: u32, interval: &str) -> (Engine, Link, Link, Daemon) {
     let e = Engine::new(tag);
     let (br, br2) = (main_network(&e), Link::bridge());
     let s2 = Subnet::new();
@@ -206,7 +216,7 @@ fn flaky_node(tag: &str, fails: u32) -> (Engine, Link, Link, Daemon) {
             ],
         ),
     );
-    let d = start(&e, "dp-main", "dp-flaky", 2);
+    let d = start_with(&e, "dp-main", "dp-flaky", 2, interval);
     (e, br, br2, d)
 }
 
@@ -345,4 +355,25 @@ fn attempts_of_one_pod_should_not_pile_up_a_pending_cleanup_each() {
     // failures are far off.
     assert_eq!(cleanup(&e, &ids[2])["handedOver"], json!(true));
     assert_eq!(metric(&d, "plexus_cleanups_pending"), Some(1.0));
+}
+
+/// A GC call makes every pending cleanup due at once: with an hour between
+/// retries, the DEL runs again right after the runtime's GC.
+#[test]
+fn a_gc_call_should_retry_pending_cleanups_at_once() {
+    let (e, _br, br2, d) = flaky_node_with("dp-gc", 1_000, "1h");
+    let ns = Netns::new();
+    let id = "dp-gc-1";
+    ok(&d, &cni(&d, "ADD", id, &ns, "eth0"));
+    for want in [Some(1), Some(1), Some(0)] {
+        assert_eq!(del(&d, id, &ns).code, want);
+    }
+    assert_eq!(cleanup(&e, id)["handedOver"], json!(true));
+    flaky(&e, 0);
+    ok(&d, &crate::support::cni::gc(&d, json!([])));
+    wait_until(Duration::from_secs(20), "the DEL the GC made due", || {
+        record(&e, id).is_none()
+    });
+    assert!(e.reservations("dp-flaky").is_empty());
+    assert!(bridge_ports(&br2.name).is_empty());
 }

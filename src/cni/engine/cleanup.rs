@@ -37,6 +37,51 @@ pub(super) struct Tracked {
     causes: Vec<String>,
 }
 
+impl Tracked {
+    /// What the retry task needs of `record`; `None` when nothing of it
+    /// waits for a retry (a record without failed DELs, most of them).
+    pub(super) fn of(record: &Record) -> Option<Self> {
+        let pending: Vec<(&Attachment, &Cleanup)> = record
+            .attachments
+            .iter()
+            .filter_map(|a| a.cleanup.as_ref().map(|c| (a, c)))
+            .collect();
+        let due = pending.iter().map(|(_, c)| c.next_attempt_ms).min()?;
+        Some(Self {
+            due,
+            pod: pending.iter().find_map(|(a, _)| pod_of(&a.cni_args)),
+            since: pending
+                .iter()
+                .map(|(_, c)| c.first_failure_ms)
+                .max()
+                .unwrap_or(0),
+            causes: pending
+                .iter()
+                .map(|(_, c)| cause(&c.last_error).to_string())
+                .collect(),
+        })
+    }
+}
+
+/// What a given-up attachment's networks may still hold, for the log: each
+/// network's name, interface, configuration and recorded result (its
+/// addresses), as JSON.
+fn left_behind(att: &Attachment) -> String {
+    let networks: Vec<serde_json::Value> = att
+        .delegates
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "network": d.name,
+                "interface": d.ifname,
+                "config": d.config,
+                "result": d.result,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(networks).to_string()
+}
+
 /// The pod a container belongs to, from its `CNI_ARGS`.
 fn pod_of(cni_args: &str) -> Option<String> {
     let pairs = crate::netconf::parse_args(cni_args).ok()?;
@@ -178,35 +223,19 @@ impl Engine {
 
     /// Takes note of what `record` (just written) leaves to retry.
     pub(super) fn track_cleanups(&self, record: &Record) {
-        let pending: Vec<(&Attachment, &Cleanup)> = record
-            .attachments
-            .iter()
-            .filter_map(|a| a.cleanup.as_ref().map(|c| (a, c)))
-            .collect();
-        let tracked = pending
-            .iter()
-            .map(|(_, c)| c.next_attempt_ms)
-            .min()
-            .map(|due| Tracked {
-                due,
-                pod: pending.iter().find_map(|(a, _)| pod_of(&a.cni_args)),
-                since: pending
-                    .iter()
-                    .map(|(_, c)| c.first_failure_ms)
-                    .max()
-                    .unwrap_or(0),
-                causes: pending
-                    .iter()
-                    .map(|(_, c)| cause(&c.last_error).to_string())
-                    .collect(),
-            });
+        self.track(&record.container_id, Tracked::of(record));
+    }
+
+    /// Takes note of what container `id` leaves to retry: `tracked`, from
+    /// its record as just written ([`Tracked::of`]); `None`, nothing.
+    pub(super) fn track(&self, id: &str, tracked: Option<Tracked>) {
         let mut map = self.cleanups.lock().unwrap_or_else(|e| e.into_inner());
         match tracked {
             Some(t) => {
-                map.insert(record.container_id.clone(), t);
+                map.insert(id.to_string(), t);
             }
             None => {
-                map.remove(&record.container_id);
+                map.remove(id);
             }
         }
         if let Some(m) = &self.metrics {
@@ -214,9 +243,14 @@ impl Engine {
         }
     }
 
-    /// Forgets container `id`'s cleanups (its record is gone).
-    pub(super) fn untrack_cleanups(&self, id: &str) {
-        self.track_cleanups(&Record::new(id));
+    /// Makes every pending cleanup due now: the retry task takes them up
+    /// within a tick (a GC call asks for this; it does not wait for
+    /// plugins that may each take up to `pluginTimeout`).
+    pub(super) fn all_due_now(&self) {
+        let mut map = self.cleanups.lock().unwrap_or_else(|e| e.into_inner());
+        for t in map.values_mut() {
+            t.due = 0;
+        }
     }
 
     /// How often to look for retries that fell due: the first retry's wait,
@@ -264,7 +298,7 @@ impl Engine {
     }
 
     /// Retries the DEL of every pending cleanup that is due (`all`: every
-    /// one, as at start-up and after a GC), one container at a time.
+    /// one, as at start-up), one container at a time.
     pub async fn retry_cleanups(&self, all: bool) {
         let now = now_ms();
         let due: Vec<String> = self
@@ -276,11 +310,13 @@ impl Engine {
             .map(|(id, _)| id.clone())
             .collect();
         for id in due {
-            self.retry_container(&id, all).await;
+            self.retry_container(&id).await;
         }
     }
 
-    async fn retry_container(&self, id: &str, all: bool) {
+    /// Retries every pending cleanup of container `id` (its earliest is
+    /// due; the others go along, a little early).
+    async fn retry_container(&self, id: &str) {
         let (lock, loaded) = match self.lock_op_with(id, None, Vec::new(), true).await {
             Ok(l) => l,
             Err(e) => {
@@ -290,26 +326,22 @@ impl Engine {
         };
         let Some(mut record) = loaded.record else {
             self.unlock(id, lock).await;
-            self.untrack_cleanups(id);
+            self.track(id, None);
             return;
         };
-        let now = now_ms();
         let due: Vec<String> = record
             .attachments
             .iter()
-            .filter(|a| {
-                a.cleanup
-                    .as_ref()
-                    .is_some_and(|c| all || c.next_attempt_ms <= now)
-            })
+            .filter(|a| a.cleanup.is_some())
             .map(|a| a.ifname.clone())
             .collect();
         for ifname in due {
             self.retry_attachment(id, &ifname, &mut record, &loaded.found)
                 .await;
         }
-        match self.save_and_unlock(id, lock, record.clone()).await {
-            Ok(()) => self.track_cleanups(&record),
+        let tracked = Tracked::of(&record);
+        match self.save_and_unlock(id, lock, record).await {
+            Ok(()) => self.track(id, tracked),
             Err((e, lock)) => {
                 tracing::warn!(container_id = %id, cause = %e, "cannot write the record after retrying its DEL");
                 if let Some(lock) = lock {
@@ -384,7 +416,7 @@ impl Engine {
                         container_id = %id,
                         ifname,
                         networks = ?gone.delegates.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
-                        left = %serde_json::to_string(&gone.delegates.iter().map(|d| serde_json::json!({"network": d.name, "interface": d.ifname, "config": d.config, "result": d.result})).collect::<Vec<_>>()).unwrap_or_default(),
+                        left = %left_behind(&gone),
                         cause = %text,
                         why,
                         "gave up the DEL of a gone container; what these networks' plugins keep for it (addresses, host-side devices) must be released by hand"

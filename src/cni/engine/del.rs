@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 use super::chain::{declared_capabilities, recorded_list};
-use super::cleanup::Failed;
+use super::cleanup::{Failed, Tracked};
 use super::lock::Loaded;
 use super::multus::Multus;
 use super::{blocking, Engine, Error, Planned};
@@ -105,7 +105,7 @@ impl Engine {
             tracing::info!(container_id = %inv.container_id, ifname = %inv.ifname, "a DEL that had failed has now succeeded");
             self.count("done");
         }
-        let tracked = record.clone();
+        let tracked = Tracked::of(&record);
         // A failed write of what is left of the record is the DEL's error,
         // unless a plugin failed already: then the old record stays (it
         // names more than is left, which the next DEL runs again; DEL is
@@ -113,7 +113,7 @@ impl Engine {
         // write's is logged (on a full disk, it is this one).
         match self.save_and_unlock(&inv.container_id, lock, record).await {
             Ok(()) => {
-                self.track_cleanups(&tracked);
+                self.track(&inv.container_id, tracked);
                 out
             }
             Err((e, lock)) => {

@@ -59,8 +59,9 @@ impl Engine {
             errors.extend(self.gc_container(&id, loaded, valid, &mut failed).await);
             self.unlock(&id, lock).await;
         }
-        // DELs that failed before, retried now whether due or not.
-        self.retry_cleanups(true).await;
+        // DELs that failed before: retried by the retry task within a
+        // tick, whether due or not.
+        self.all_due_now();
         // The containers multus attached, the same way.
         let mut multus_failed = BTreeSet::new();
         errors.extend(self.gc_multus(valid, &mut multus_failed).await);

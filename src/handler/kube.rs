@@ -108,14 +108,10 @@ impl Networks {
             let synced = k.source.wait_synced(bound).await;
             let waited = crate::duration::format(started.elapsed());
             if !synced {
-                let cause = k
-                    .source
-                    .watch_error()
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default();
                 return Err(unavailable(format!(
                     "the Kubernetes caches (pods, NetworkAttachmentDefinitions) have not synced \
-                     (waited {waited}){cause}; try again later"
+                     (waited {waited}){}; try again later",
+                    k.cause()
                 )));
             }
             tracing::info!(container_id = %inv.container_id, waited = %waited, "ADD waited for the Kubernetes caches to sync");

@@ -58,7 +58,7 @@ impl Kubernetes {
     }
 
     /// The last watch error, as a suffix for readiness texts.
-    fn cause(&self) -> String {
+    pub(super) fn cause(&self) -> String {
         self.source
             .watch_error()
             .map(|e| format!(" (last error: {e})"))

@@ -1,0 +1,210 @@
+//! The API server's wire format: replies and `Status` errors, watch
+//! streams, request paths and their query strings, metadata-only views,
+//! field selectors and JSON merge patches.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::{Body, Frame};
+use hyper::{Response, StatusCode};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use super::{NADS, PODS};
+
+pub(super) type Reply = Response<ReplyBody>;
+
+/// A whole body, or a watch stream.
+pub(super) enum ReplyBody {
+    Full(Full<Bytes>),
+    Stream(mpsc::UnboundedReceiver<Bytes>),
+}
+
+impl Body for ReplyBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            ReplyBody::Full(f) => Pin::new(f).poll_frame(cx),
+            ReplyBody::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+}
+
+pub(super) fn reply(status: u16, body: &Value) -> Reply {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(ReplyBody::Full(Full::new(Bytes::from(body.to_string()))))
+        .expect("response")
+}
+
+pub(super) fn status_object(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    })
+}
+
+pub(super) fn error(code: u16, reason: &str, message: &str) -> Reply {
+    reply(code, &status_object(code, reason, message))
+}
+
+pub(super) fn reason_for(code: u16) -> &'static str {
+    match code {
+        401 => "Unauthorized",
+        404 => "NotFound",
+        409 => "Conflict",
+        410 => "Expired",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "Unknown",
+    }
+}
+
+pub(super) fn query_param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+/// Percent-decoding enough for field selectors (`%3D`, `%2C`, `+`).
+pub(super) fn decode(v: &str) -> String {
+    let bytes = v.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What a request path names.
+#[derive(Debug)]
+pub(super) struct Target {
+    pub(super) resource: &'static str,
+    pub(super) namespace: Option<String>,
+    pub(super) name: Option<String>,
+    pub(super) status: bool,
+}
+
+pub(super) fn route(path: &str) -> Option<Target> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (rest, resource) = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => (rest, PODS),
+        ["apis", "k8s.cni.cncf.io", "v1", rest @ ..] => (rest, NADS),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] => (Some(ns.to_string()), rest),
+        rest => (None, rest),
+    };
+    let (name, status) = match rest {
+        [r] if *r == resource => (None, false),
+        [r, name] if *r == resource => (Some(name.to_string()), false),
+        [r, name, "status"] if *r == resource && resource == PODS => (Some(name.to_string()), true),
+        _ => return None,
+    };
+    Some(Target {
+        resource,
+        namespace,
+        name,
+        status,
+    })
+}
+
+/// Whether the client asked for metadata only (PartialObjectMetadata).
+pub(super) fn metadata_only(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| a.contains("as=PartialObjectMetadata"))
+}
+
+pub(super) fn as_metadata(object: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": object["metadata"].clone(),
+    })
+}
+
+pub(super) fn selected(object: &Value, field_selector: Option<&str>) -> bool {
+    let Some(sel) = field_selector.filter(|s| !s.is_empty()) else {
+        return true;
+    };
+    sel.split(',').all(|term| {
+        let (field, want, negate) = if let Some((f, v)) = term.split_once("!=") {
+            (f, v, true)
+        } else if let Some((f, v)) = term.split_once("==") {
+            (f, v, false)
+        } else if let Some((f, v)) = term.split_once('=') {
+            (f, v, false)
+        } else {
+            return false;
+        };
+        let have = match field {
+            "spec.nodeName" => object["spec"]["nodeName"].as_str(),
+            "metadata.name" => object["metadata"]["name"].as_str(),
+            "metadata.namespace" => object["metadata"]["namespace"].as_str(),
+            _ => None,
+        }
+        .unwrap_or("");
+        (have == want) != negate
+    })
+}
+
+/// RFC 7386 JSON merge patch.
+pub(super) fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    let Value::Object(t) = target else { return };
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+pub(super) fn stream_reply(rx: mpsc::UnboundedReceiver<Bytes>) -> Reply {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(ReplyBody::Stream(rx))
+        .expect("response")
+}

@@ -35,7 +35,7 @@
 
 // The bench uses a part of the integration tests' harness; the rest is
 // dead code here.
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 #[path = "../tests/integration/support/mod.rs"]
 mod support;
 

@@ -59,6 +59,10 @@
 //!   `$XDG_RUNTIME_DIR/systemd/private` ("Failed to connect to system bus"
 //!   in the manager's log is harmless).
 //!
+//! Files: this one (the manager), `host.rs` (cgroups, processes, mount
+//! namespaces, the sweep of killed runs), `units.rs` (the repository's
+//! units adapted to a manager, offline verification).
+//!
 //! Environment knobs: `PLEXUS_SYSTEMD_TESTS=0` skips, `PLEXUS_SYSTEMD_KEEP=1`
 //! keeps the work dir, `PLEXUS_SYSTEMD_LOG_LEVEL=debug` raises the manager's
 //! log level.
@@ -78,6 +82,17 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::lock::FileLock;
+
+mod host;
+mod units;
+
+use host::{
+    cgroup_pids, cgroup_roots, find_in_path, foreign_cgroups, is_executable, looks_systemd_made,
+    pids_in_mount_ns, remove_cgroup_tree, sweep_stale,
+};
+pub use units::{
+    analyze_offline, assert_verifies, plexus_units, ScratchDir, SERVICE_UNIT, SOCKET_UNIT,
+};
 
 /// Serialises managers across all test processes and threads.
 pub const LOCK_FILE: &str = "/tmp/plexus-systemd-tests.lock";
@@ -708,249 +723,6 @@ impl Drop for Manager {
     }
 }
 
-/// Runs `systemd-analyze ARGS` in a throw-away mount namespace with a tmpfs
-/// over /run/systemd, so that its side effects (`/run/systemd/systemd-units-load`)
-/// never reach the host. `None` (after printing why) when it cannot run here.
-pub fn analyze_offline(args: &[&str]) -> Option<Output> {
-    if let Some(why) = skip_reason() {
-        println!("skipping: {why}");
-        return None;
-    }
-    assert!(
-        Path::new("/run/systemd").is_dir(),
-        "/run/systemd is missing on the host; cannot mount over it"
-    );
-    let script =
-        format!("mount -t tmpfs -o mode=0755,size=16m {MOUNT_SOURCE} /run/systemd && exec \"$@\"");
-    let out = Command::new("timeout")
-        .args([
-            "-k",
-            "5",
-            "60",
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-        ])
-        .args(["/bin/sh", "-c", &script, "sh", "systemd-analyze"])
-        .args(args)
-        .env("SYSTEMD_PAGER", "cat")
-        .env("SYSTEMD_COLORS", "0")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run unshare/systemd-analyze");
-    Some(out)
-}
-
-/// A fresh scratch directory under /tmp named after this process, removed on
-/// drop (for tests that need files but no manager).
-pub struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    pub fn new(tag: &str) -> ScratchDir {
-        let dir = Path::new("/tmp").join(format!(
-            "{PREFIX}{}-{}-{tag}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir(&dir).unwrap();
-        ScratchDir(dir)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-// ---------------------------------------------------------------------------
-// helpers
-
-fn is_executable(p: &Path) -> bool {
-    fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
-fn find_in_path(tool: &str) -> Option<PathBuf> {
-    let path = std::env::var("PATH").unwrap_or_else(|_| PATH_ENV.into());
-    path.split(':')
-        .chain(PATH_ENV.split(':'))
-        .map(|d| Path::new(d).join(tool))
-        .find(|p| is_executable(p))
-}
-
-/// Cgroup hierarchies the manager must be placed in: `systemd` (named v1) and
-/// `unified` on hybrid hosts, the root on pure cgroup v2.
-fn cgroup_roots() -> Vec<PathBuf> {
-    let base = Path::new("/sys/fs/cgroup");
-    if base.join("cgroup.controllers").exists() {
-        return vec![base.to_path_buf()];
-    }
-    let mut roots = Vec::new();
-    if base.join("systemd/cgroup.procs").exists() {
-        roots.push(base.join("systemd"));
-    }
-    if base.join("unified/cgroup.controllers").exists() {
-        roots.push(base.join("unified"));
-    }
-    roots
-}
-
-fn cgroup_pids(dirs: &[PathBuf]) -> BTreeSet<u32> {
-    fn walk(dir: &Path, out: &mut BTreeSet<u32>) {
-        if let Ok(s) = fs::read_to_string(dir.join("cgroup.procs")) {
-            out.extend(s.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
-        }
-        if let Ok(rd) = fs::read_dir(dir) {
-            for e in rd.flatten() {
-                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    walk(&e.path(), out);
-                }
-            }
-        }
-    }
-    let mut out = BTreeSet::new();
-    for d in dirs {
-        walk(d, &mut out);
-    }
-    out
-}
-
-/// rmdir a cgroup and its children, deepest first.
-fn remove_cgroup_tree(dir: &Path) -> io::Result<()> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    for e in fs::read_dir(dir)?.flatten() {
-        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-            remove_cgroup_tree(&e.path())?;
-        }
-    }
-    // A cgroup whose last process just died can be busy for a moment.
-    let mut last = Ok(());
-    poll_until(Duration::from_secs(5), || {
-        last = fs::remove_dir(dir);
-        last.is_ok() || !dir.exists()
-    });
-    if dir.exists() {
-        last
-    } else {
-        Ok(())
-    }
-}
-
-fn proc_pids() -> Vec<u32> {
-    fs::read_dir("/proc")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn pids_in_mount_ns(ns: &str) -> BTreeSet<u32> {
-    proc_pids()
-        .into_iter()
-        .filter(|pid| {
-            fs::read_link(format!("/proc/{pid}/ns/mnt"))
-                .map(|p| p.as_os_str() == OsStr::new(ns))
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
-/// pid -> (start time, /proc/pid/cgroup) of every process not in our run.
-fn foreign_cgroups(name: &str) -> HashMap<u32, (String, String)> {
-    let mut map = HashMap::new();
-    for pid in proc_pids() {
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Ok(cg) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-            continue;
-        };
-        if cg.contains(name) {
-            continue;
-        }
-        // Field 22 (starttime), counted after the parenthesised comm.
-        let start = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(19))
-            .unwrap_or("")
-            .to_string();
-        map.insert(pid, (start, cg));
-    }
-    map
-}
-
-/// A cgroup path as a systemd manager would create it.
-fn looks_systemd_made(cgroups: &str) -> bool {
-    cgroups.lines().any(|l| {
-        let path = l.splitn(3, ':').nth(2).unwrap_or("");
-        [".scope", ".slice", ".service", ".socket"]
-            .iter()
-            .any(|s| path.ends_with(s))
-    })
-}
-
-/// Removes leftovers of test processes that died without cleaning up. Only
-/// called under the lock, so no live manager of ours can be affected.
-fn sweep_stale() {
-    let stale_pid = |name: &str| -> bool {
-        let Some(rest) = name.strip_prefix(PREFIX) else {
-            return false;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
-            return false;
-        };
-        // SAFETY: kill(2) with signal 0 only asks whether the pid exists.
-        pid != std::process::id() as i32
-            && unsafe { libc::kill(pid, 0) } != 0
-            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-    };
-    for root in cgroup_roots() {
-        let Ok(rd) = fs::read_dir(&root) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !name.starts_with(PREFIX) {
-                continue;
-            }
-            // Under the lock every harness cgroup is stale, whoever made it.
-            let dir = e.path();
-            eprintln!("systemd harness: removing stale cgroup {}", dir.display());
-            poll_until(Duration::from_secs(5), || {
-                let pids = cgroup_pids(std::slice::from_ref(&dir));
-                for pid in &pids {
-                    // SAFETY: kill(2) of a leftover process of an earlier run; no memory involved.
-                    unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
-                }
-                pids.is_empty()
-            });
-            let _ = remove_cgroup_tree(&dir);
-        }
-    }
-    for base in [WORK_BASE, "/tmp"] {
-        let Ok(rd) = fs::read_dir(base) else { continue };
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if stale_pid(&name) && !e.path().join("KEEP").exists() && e.path().is_dir() {
-                let _ = fs::remove_dir_all(e.path());
-            }
-        }
-    }
-}
-
 fn write_minimal_units(dir: &Path) {
     let units = [
         (
@@ -1047,96 +819,4 @@ impl Console {
             eprintln!("systemd harness: console reader did not finish");
         }
     }
-}
-
-// ---------------------------------------------------------------------------
-// The repository's plexus units, adapted to a manager's work dir
-
-pub const SOCKET_UNIT: &str = "plexusd.socket";
-pub const SERVICE_UNIT: &str = "plexusd.service";
-const REPO_SOCKET_PATH: &str = "/run/plexus/plexus.sock";
-const REPO_EXEC_START: &str = "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json";
-
-fn repo_unit(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("systemd")
-        .join(name);
-    fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-fn replace_once(text: &str, from: &str, to: &str, unit: &str) -> String {
-    assert_eq!(
-        text.matches(from).count(),
-        1,
-        "{unit} no longer contains exactly one {from:?}; update the substitutions in \
-         tests/integration/support/systemd.rs"
-    );
-    text.replacen(from, to, 1)
-}
-
-/// Inserts `lines` right after the `[section]` header.
-fn add_to_section(text: &str, section: &str, lines: &str, unit: &str) -> String {
-    let header = format!("[{section}]\n");
-    replace_once(text, &header, &format!("{header}{lines}"), unit)
-}
-
-/// The repository's units ([`SOCKET_UNIT`], [`SERVICE_UNIT`]) with only the
-/// paths substituted: the socket node and the config in `work`, ExecStart a
-/// copy of the built plexusd. With `for_manager`, output goes to
-/// `<work>/plexusd.log` (there is no journald) and the start rate limit is
-/// off (tests and the bench restart on purpose).
-pub fn plexus_units(work: &Path, for_manager: bool) -> (String, String) {
-    let sock = work.join("sock/plexus.sock");
-    let socket = replace_once(
-        &repo_unit(SOCKET_UNIT),
-        REPO_SOCKET_PATH,
-        sock.to_str().unwrap(),
-        SOCKET_UNIT,
-    );
-    // The unit runs with PrivateTmp=yes: a binary built under /tmp (a
-    // checkout there) would be invisible to it, so run a copy from the
-    // work dir, which is outside /tmp.
-    let bin = work.join("plexusd");
-    fs::copy(super::daemon::PLEXUSD, &bin).expect("copy plexusd into the work dir");
-    let exec = format!(
-        "ExecStart={} --config {}",
-        bin.display(),
-        work.join("daemon-config.json").display()
-    );
-    let mut service = replace_once(
-        &repo_unit(SERVICE_UNIT),
-        REPO_EXEC_START,
-        &exec,
-        SERVICE_UNIT,
-    );
-    if for_manager {
-        let log = work.join("plexusd.log");
-        service = add_to_section(&service, "Unit", "StartLimitIntervalSec=0\n", SERVICE_UNIT);
-        let output = format!(
-            "StandardOutput=append:{0}\nStandardError=append:{0}\n",
-            log.display()
-        );
-        service = add_to_section(&service, "Service", &output, SERVICE_UNIT);
-    }
-    (socket, service)
-}
-
-/// Asserts that `systemd-analyze verify` accepts `files` (unit files) and
-/// prints nothing; does nothing where systemd-analyze cannot run.
-pub fn assert_verifies(files: &[&str]) {
-    let mut args = vec!["verify", "--man=no"];
-    args.extend_from_slice(files);
-    let Some(out) = analyze_offline(&args) else {
-        return;
-    };
-    let printed = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && printed.trim().is_empty(),
-        "systemd-analyze verify ({}) printed:\n{printed}",
-        out.status
-    );
 }

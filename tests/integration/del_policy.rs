@@ -75,6 +75,15 @@ fn main_network(e: &Engine) -> Link {
     br
 }
 
+/// ADD of `id` (which must succeed), then the runtime's DELs until one is
+/// answered with success: the first two get the error, the third hands
+/// the failing DEL over to plexusd.
+fn add_then_hand_over(d: &Daemon, id: &str, ns: &Netns) {
+    ok(d, &cni(d, "ADD", id, ns, "eth0"));
+    let answers: Vec<_> = (0..3).map(|_| del(d, id, ns).code).collect();
+    assert_eq!(answers, [Some(1), Some(1), Some(0)]);
+}
+
 fn del(d: &Daemon, id: &str, ns: &Netns) -> Run {
     cni(d, "DEL", id, ns, "eth0")
 }
@@ -263,10 +272,7 @@ fn a_del_retried_after_the_netns_is_gone_should_run_without_it_and_release_every
     let (e, _br, br2, d) = flaky_node("dp-gone", 1_000);
     let ns = Netns::new();
     let id = "dp-gone-1";
-    ok(&d, &cni(&d, "ADD", id, &ns, "eth0"));
-    for want in [Some(1), Some(1), Some(0)] {
-        assert_eq!(del(&d, id, &ns).code, want);
-    }
+    add_then_hand_over(&d, id, &ns);
     assert_eq!(cleanup(&e, id)["handedOver"], json!(true));
     // Each DEL of the chain ran bridge's DEL too, in the namespace.
     assert!(!ns.has_link("net1") && !ns.has_link("eth0"));
@@ -301,10 +307,7 @@ fn an_add_over_a_pending_del_should_finish_that_del_first() {
     let (e, _br, br2, d) = flaky_node("dp-readd", 1_000);
     let ns = Netns::new();
     let id = "dp-readd-1";
-    ok(&d, &cni(&d, "ADD", id, &ns, "eth0"));
-    for want in [Some(1), Some(1), Some(0)] {
-        assert_eq!(del(&d, id, &ns).code, want);
-    }
+    add_then_hand_over(&d, id, &ns);
     let (code, msg, _) = failed(&d, &cni(&d, "ADD", id, &ns, "eth0"));
     assert_eq!(code, 11, "{msg}");
     assert!(
@@ -364,10 +367,7 @@ fn a_gc_call_should_retry_pending_cleanups_at_once() {
     let (e, _br, br2, d) = flaky_node_with("dp-gc", 1_000, "1h");
     let ns = Netns::new();
     let id = "dp-gc-1";
-    ok(&d, &cni(&d, "ADD", id, &ns, "eth0"));
-    for want in [Some(1), Some(1), Some(0)] {
-        assert_eq!(del(&d, id, &ns).code, want);
-    }
+    add_then_hand_over(&d, id, &ns);
     assert_eq!(cleanup(&e, id)["handedOver"], json!(true));
     flaky(&e, 0);
     ok(&d, &crate::support::cni::gc(&d, json!([])));

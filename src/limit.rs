@@ -21,6 +21,9 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::{Metrics, RejectLabels};
 
+mod lanes;
+pub use lanes::{LaneError, LaneKey, Lanes, Turn, MAX_WAITING};
+
 /// Settings of this module.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -84,8 +87,22 @@ impl Admission {
         }
     }
 
-    /// Waits (first come, first served) for a processing slot.
+    /// How long a call may wait for its turn and a slot together.
+    pub fn queue_timeout(&self) -> Duration {
+        self.queue_timeout
+    }
+
+    /// Waits (first come, first served) for a processing slot, for at most
+    /// `queueTimeout`.
     pub async fn admit(&self) -> Result<Permit, Error> {
+        self.admit_until(tokio::time::Instant::now() + self.queue_timeout)
+            .await
+    }
+
+    /// Waits (first come, first served) for a processing slot until
+    /// `deadline` (the end of the call's `queueTimeout`, part of which it
+    /// may have spent waiting for its container's turn).
+    pub async fn admit_until(&self, deadline: tokio::time::Instant) -> Result<Permit, Error> {
         let slot = match &self.slots {
             None => None,
             Some(slots) => match slots.clone().try_acquire_owned() {
@@ -93,7 +110,7 @@ impl Admission {
                 Err(_no_permits) => {
                     self.metrics.queued.inc();
                     let _queued = Queued(&self.metrics);
-                    match tokio::time::timeout(self.queue_timeout, acquire_many(slots, 1)).await {
+                    match tokio::time::timeout_at(deadline, acquire_many(slots, 1)).await {
                         Ok(p) => Some(p),
                         Err(_) => {
                             self.metrics

@@ -63,6 +63,9 @@ pub struct Metrics {
     pub latency: Family<LatencyLabels, Histogram>,
     pub in_flight: Gauge,
     pub queued: Gauge,
+    /// Requests waiting for their container's turn (another call for the
+    /// same container is in progress); they hold no processing slot.
+    pub waiting_turn: Gauge,
     pub rejected: Family<RejectLabels, Counter>,
     pub connections_open: Gauge,
     /// The cap on open connections in effect (after fitting it to the
@@ -102,6 +105,7 @@ impl Metrics {
         );
         let in_flight = Gauge::default();
         let queued = Gauge::default();
+        let waiting_turn = Gauge::default();
         let rejected = Family::<RejectLabels, Counter>::default();
         let connections_open = Gauge::default();
         let connections_limit = Gauge::default();
@@ -145,6 +149,11 @@ impl Metrics {
                 "requests_queued",
                 "CNI requests waiting for a processing slot",
                 queued.clone(),
+            );
+            reg.register(
+                "requests_waiting_turn",
+                "CNI requests waiting, without a processing slot, for another call for the same container (or GC) to finish",
+                waiting_turn.clone(),
             );
             reg.register(
                 "requests_rejected",
@@ -193,6 +202,7 @@ impl Metrics {
             latency,
             in_flight,
             queued,
+            waiting_turn,
             rejected,
             connections_open,
             connections_limit,
@@ -237,6 +247,7 @@ mod tests {
             "plexus_requests_total{endpoint=\"/cni\",command=\"ADD\",outcome=\"success\"} 1",
             "plexus_requests_in_flight",
             "plexus_requests_queued",
+            "plexus_requests_waiting_turn",
             "plexus_connections_open",
             "plexus_request_duration_seconds",
             "plexus_requests_rejected",

@@ -37,7 +37,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::api;
-use crate::limit::{Admission, BodyBudget, ConnectionLimit, Permit, Slot};
+use crate::limit::{Admission, BodyBudget, ConnectionLimit, Lanes, Permit, Slot, Turn};
 use crate::metrics::Metrics;
 
 use backoff::AcceptBackoff;
@@ -149,6 +149,9 @@ pub struct Shared<H> {
     pub config: Config,
     pub handler: H,
     pub admission: Admission,
+    /// A container's calls run one at a time, each waiting for its turn
+    /// before it asks for a slot.
+    pub lanes: Arc<Lanes>,
     pub metrics: Arc<Metrics>,
     pub activity: Activity,
     /// CNI work in flight, whether or not its client is still connected.
@@ -169,6 +172,7 @@ impl<H> Shared<H> {
             config,
             handler,
             admission,
+            lanes: Lanes::new(metrics.waiting_turn.clone()),
             metrics,
             activity: Activity::new(),
             work: Work::new(),
@@ -191,7 +195,8 @@ impl<H> Shared<H> {
 
 impl<H: Handler> Shared<H> {
     /// Runs an admitted request in a task of its own that owns `permit`
-    /// and is tracked by [`Work`]; the connection awaits the handle.
+    /// and its container's `turn`, and is tracked by [`Work`]; the
+    /// connection awaits the handle.
     ///
     /// Dropping the handle (the client hung up) leaves the work running:
     /// an ADD or DEL must not stop half-way through its plugins, and its
@@ -201,6 +206,7 @@ impl<H: Handler> Shared<H> {
         call: Call,
         request: api::Request,
         permit: Permit,
+        turn: Option<Turn>,
         span: tracing::Span,
     ) -> tokio::task::JoinHandle<Result<Reply, Failure>> {
         let entry = self.work.start(
@@ -212,7 +218,9 @@ impl<H: Handler> Shared<H> {
         self.work.tracker.spawn(
             async move {
                 // Dropped in reverse order, also on a panic: the entry
-                // (and the activity touch) first, then the slot.
+                // (and the activity touch) first, then the slot, then the
+                // container's turn (its next call finds a slot free).
+                let _turn = turn;
                 let _permit = permit;
                 let _entry = Finished {
                     shared: &shared,

@@ -14,7 +14,7 @@ use tracing::{info_span, warn, Instrument};
 
 use super::{Call, Failure, FailureKind, Handler, Readiness, Reply, Shared};
 use crate::api::{self, code, CniError, Command};
-use crate::limit::BodyBytes;
+use crate::limit::{BodyBytes, LaneError, LaneKey};
 use crate::metrics::{LatencyLabels, MultusLabels, RejectLabels, RequestLabels};
 
 type Body = Full<Bytes>;
@@ -345,10 +345,41 @@ async fn cni<H: Handler>(
         Endpoint::Delegate => Call::Delegate,
         _ => Call::Cni,
     };
+    let lane = LaneKey::of(
+        request.env_var("CNI_COMMAND"),
+        request.env_var("CNI_CONTAINERID"),
+    );
     async move {
         // A client that hangs up while queued gives up its place: nothing
-        // has started yet. Once admitted, the permit moves into the work.
-        let permit = match shared.admission.admit().await {
+        // has started yet. Its container's turn comes first, then a slot,
+        // both within one queueTimeout: a container whose calls wait for
+        // each other holds one slot at most. Once admitted, the turn and
+        // the permit move into the work.
+        let deadline = tokio::time::Instant::now() + shared.admission.queue_timeout();
+        let turn = match lane {
+            None => None,
+            Some(key) => match shared.lanes.turn(key, deadline).await {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    let reason = match e {
+                        LaneError::Busy { .. } => "container_busy",
+                        LaneError::Timeout { .. } => "container_wait",
+                    };
+                    shared
+                        .metrics
+                        .rejected
+                        .get_or_create(&RejectLabels { reason })
+                        .inc();
+                    warn!(cause = %e, "request not admitted");
+                    return failure(Failure::new(
+                        FailureKind::Unavailable,
+                        code::TRY_AGAIN_LATER,
+                        e.to_string(),
+                    ));
+                }
+            },
+        };
+        let permit = match shared.admission.admit_until(deadline).await {
             Ok(p) => p,
             Err(e) => {
                 warn!(cause = %e, "request not admitted");
@@ -359,7 +390,7 @@ async fn cni<H: Handler>(
                 ));
             }
         };
-        let work = shared.spawn_work(call, request, permit, tracing::Span::current());
+        let work = shared.spawn_work(call, request, permit, turn, tracing::Span::current());
         drop(held);
         let result = match work.await {
             Ok(r) => r,

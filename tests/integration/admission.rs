@@ -69,14 +69,13 @@ impl Server {
     }
 }
 
+/// An ADD for a container of its own (a container's calls run one at a
+/// time).
 fn add(sock: &Path) -> http::Response {
-    http::request(
-        sock,
-        "POST",
-        "/cni",
-        br#"{"env":{"CNI_COMMAND":"ADD","CNI_CONTAINERID":"c1"}}"#,
-    )
-    .unwrap()
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let id = NEXT.fetch_add(1, Ordering::SeqCst);
+    let body = format!(r#"{{"env":{{"CNI_COMMAND":"ADD","CNI_CONTAINERID":"c{id}"}}}}"#);
+    http::request(sock, "POST", "/cni", body.as_bytes()).unwrap()
 }
 
 #[test]

@@ -26,6 +26,7 @@ mod cri;
 mod daemon_lifecycle;
 mod del_policy;
 mod delegate;
+mod fairness;
 mod full_disk;
 mod generate_config;
 mod host_safety;

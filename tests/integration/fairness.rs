@@ -1,0 +1,234 @@
+//! One bad pod cannot starve the node: a container whose plugin hangs holds
+//! one processing slot whatever the number of its calls (the runtime's
+//! retries, hot-plugs), a GC storm holds one as well, and the other pods'
+//! ADDs are served meanwhile. Debian's bridge and host-local in real
+//! namespaces, behind a fake plugin that hangs for the `bad-*` containers
+//! until the test releases it. Needs root.
+
+use std::thread::JoinHandle;
+
+use base64::Engine as _;
+use serde_json::json;
+
+use crate::support::cni::{
+    address, bridge, cni, conflist, failed, gc_call, ok, Call, Engine, Pending, SETTLE,
+};
+use crate::support::daemon::{wait_until, Daemon};
+use crate::support::http::{self, Response};
+use crate::support::netns::{bridge_ports, Link, Netns, Subnet};
+use crate::support::shim::{self, Run};
+
+const NET: &str = "fair-net";
+
+/// A node with one network: bridge + host-local, then `stuck`, a fake that
+/// passes its prevResult through, except that for the `bad-*` containers
+/// its ADD and DEL first wait for `$DIR/release` (touching
+/// `$DIR/stuck.<command>` when they start).
+struct Node {
+    e: Engine,
+    br: Link,
+    subnet: Subnet,
+    d: Daemon,
+}
+
+impl Node {
+    fn start(name: &str, connection_limit: u64) -> Self {
+        let e = Engine::new(name);
+        let br = Link::planned("b");
+        let subnet = Subnet::new();
+        e.fake(
+            "stuck",
+            &format!(
+                r#"case "$CNI_COMMAND/$CNI_CONTAINERID" in
+  ADD/bad-*|DEL/bad-*)
+    touch "$DIR/stuck.$CNI_COMMAND"
+    for _ in $(seq 12000); do [ -e "$DIR/release" ] && break; sleep 0.01; done ;;
+esac
+if [ "$CNI_COMMAND" = ADD ]; then {}; fi
+exit 0"#,
+                Engine::pass_through()
+            ),
+        );
+        e.write_network(
+            "10-net.conflist",
+            &conflist(
+                NET,
+                "1.0.0",
+                vec![
+                    bridge(&br.name, e.host_local(&subnet)),
+                    json!({"type": "stuck"}),
+                ],
+            ),
+        );
+        let mut cfg = e.config(NET, "120s");
+        cfg["connectionLimit"] = connection_limit.into();
+        // Long enough for every good ADD below on a busy machine, short
+        // enough that a test of a slot-holding wait fails in seconds.
+        cfg["queueTimeout"] = "10s".into();
+        let mut d = Daemon::start(&e.dir, "d", cfg);
+        d.ready();
+        Node { e, br, subnet, d }
+    }
+
+    fn stuck(&self, command: &str) -> bool {
+        self.e.dir.join(&format!("stuck.{command}")).exists()
+    }
+
+    fn release(&self) {
+        std::fs::write(self.e.dir.join("release"), b"").unwrap();
+    }
+
+    fn gauge(&self, name: &str) -> f64 {
+        http::metric(&self.d.sock, name).unwrap_or(0.0)
+    }
+
+    /// Waits until `n` calls wait, for their turn or for a slot (each
+    /// queued behind the one before, so they are served in the order they
+    /// were started).
+    fn wait_waiting(&self, n: usize) {
+        wait_until(SETTLE, &format!("{n} calls waiting"), || {
+            self.gauge("plexus_requests_waiting_turn") + self.gauge("plexus_requests_queued")
+                == n as f64
+        });
+    }
+
+    /// ADD then DEL of three good containers, one after the other, each in
+    /// a namespace of its own: each gets eth0 with an address of the subnet.
+    fn good_pods_are_served(&self) {
+        for i in 0..3 {
+            let ns = Netns::new();
+            let id = format!("good-{i}");
+            let r = ok(&self.d, &cni(&self.d, "ADD", &id, &ns, "eth0"));
+            let addr = address(&r);
+            assert!(
+                self.subnet.holds(&addr),
+                "{addr} not in {}",
+                self.subnet.cidr()
+            );
+            let eth0 = ns.iface("eth0").expect("eth0 of a good container");
+            assert!(eth0.has_addr(&addr), "{eth0:?} lacks {addr}");
+            ok(&self.d, &cni(&self.d, "DEL", &id, &ns, "eth0"));
+            assert!(!ns.has_link("eth0"));
+        }
+    }
+
+    /// Nothing of any container is left: no record, no port on the bridge.
+    fn assert_clean(&self) {
+        wait_until(SETTLE, "every record to be gone", || {
+            self.e.records().is_empty()
+        });
+        assert_eq!(bridge_ports(&self.br.name), Vec::<String>::new());
+        assert_eq!(self.e.reservations(NET), Vec::<String>::new());
+    }
+}
+
+/// `POST /delegate` of the node's network into container `id`, in a
+/// thread.
+fn hot_plug(node: &Node, id: &str, ns: &Netns) -> JoinHandle<Response> {
+    let sock = node.d.sock.clone();
+    let config = conflist(NET, "1.0.0", vec![json!({"type": "stuck"})]);
+    let body = json!({
+        "env": {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": id, "CNI_IFNAME": "net5",
+                "CNI_NETNS": ns.path, "CNI_ARGS": "IgnoreUnknown=1"},
+        "config": base64::engine::general_purpose::STANDARD
+            .encode(serde_json::to_vec(&config).unwrap()),
+    });
+    std::thread::spawn(move || {
+        http::request(&sock, "POST", "/delegate", body.to_string().as_bytes()).unwrap()
+    })
+}
+
+fn finish_all(pending: Vec<Pending>) -> Vec<Run> {
+    pending.into_iter().map(Pending::finish).collect()
+}
+
+/// The runtime retries a container whose ADD hangs (a DEL, another DEL, a
+/// new ADD) and a controller hot-plugs into it: with two slots, the four
+/// wait for the hung ADD without a slot, a fifth is refused at once, and
+/// the other pods' ADDs get the second slot. Were a call waiting for the
+/// container's lock holding a slot, the good ADDs would find none and be
+/// refused with code 11 after `queueTimeout`.
+#[test]
+fn a_stuck_container_should_hold_one_slot_whatever_its_retries() {
+    let node = Node::start("fair-retries", 2);
+    let d = &node.d;
+    let ns = Netns::new();
+    let first = Call::new("ADD", "bad-1", &ns, "eth0").spawn(d);
+    wait_until(SETTLE, "the bad ADD's plugin to hang", || node.stuck("ADD"));
+
+    let mut retries = Vec::new();
+    for (k, command) in ["DEL", "DEL", "ADD"].into_iter().enumerate() {
+        retries.push(Call::new(command, "bad-1", &ns, "eth0").spawn(d));
+        node.wait_waiting(k + 1);
+    }
+    let plug = hot_plug(&node, "bad-1", &ns);
+    node.wait_waiting(4);
+    assert_eq!(node.gauge("plexus_requests_in_flight"), 1.0);
+
+    // A fifth call for the container is refused at once.
+    let fifth = Call::new("DEL", "bad-1", &ns, "eth0").run(d);
+    let (code, msg, _) = failed(d, &fifth);
+    assert_eq!(code, 11, "{msg}");
+    assert!(
+        msg.contains("bad-1") && msg.contains("in progress"),
+        "{msg}"
+    );
+
+    // The other pods are served while bad-1 still hangs.
+    node.good_pods_are_served();
+    // bad-1's ADD still hangs, its four calls still wait.
+    assert_eq!(node.gauge("plexus_requests_in_flight"), 1.0);
+    assert_eq!(node.gauge("plexus_requests_waiting_turn"), 4.0);
+
+    node.release();
+    ok(d, &first.finish());
+    for run in finish_all(retries) {
+        ok(d, &run);
+    }
+    let plugged = plug.join().unwrap();
+    assert_eq!(plugged.status, 200, "{}", plugged.body_str());
+    // The last ADD attached bad-1 again (and the hot-plug joined it): the
+    // runtime's final DEL removes both.
+    assert!(ns.has_link("eth0"), "{:?}", ns.ifaces());
+    let recorded = node.e.records();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    ok(d, &cni(d, "DEL", "bad-1", &ns, "eth0"));
+    assert!(!ns.has_link("eth0"), "{:?}", ns.ifaces());
+    node.assert_clean();
+}
+
+/// GC calls that sweep a container whose ADD hangs: the first waits for
+/// the container with a slot, the others wait for it without one, and the
+/// other pods' ADDs get the third slot.
+#[test]
+fn a_gc_storm_should_hold_one_slot() {
+    let node = Node::start("fair-gc", 3);
+    let d = &node.d;
+    let ns = Netns::new();
+    let add = Call::new("ADD", "bad-gc", &ns, "eth0").spawn(d);
+    wait_until(SETTLE, "the bad ADD's plugin to hang", || node.stuck("ADD"));
+
+    // bad-gc is not among the valid attachments: each GC would delete it.
+    let mut gcs = vec![gc_call(d, json!([]))];
+    wait_until(SETTLE, "the first GC to hold a slot", || {
+        node.gauge("plexus_requests_in_flight") == 2.0
+    });
+    for k in 1..=2 {
+        gcs.push(gc_call(d, json!([])));
+        node.wait_waiting(k);
+    }
+
+    node.good_pods_are_served();
+    assert_eq!(node.gauge("plexus_requests_waiting_turn"), 2.0);
+    assert_eq!(node.gauge("plexus_requests_in_flight"), 2.0);
+
+    node.release();
+    ok(d, &add.finish());
+    for gc in gcs {
+        let run = shim::finish(gc);
+        assert_eq!(run.code, Some(0), "{run:?}\n{}", d.log_text());
+    }
+    // The first GC deleted the stale container once its ADD was done.
+    assert!(!ns.has_link("eth0"), "{:?}", ns.ifaces());
+    node.assert_clean();
+}

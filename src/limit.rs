@@ -150,6 +150,10 @@ pub const FD_RESERVE_PER_SLOT: usize = 8;
 pub struct ConnectionLimit {
     slots: Arc<Semaphore>,
     cap: usize,
+    /// Places of connections evicted to make room that still read what
+    /// their clients send before they close (as many as the cap: their
+    /// descriptors are reserved beside the connections').
+    lingering: Arc<Semaphore>,
 }
 
 /// What [`ConnectionLimit::try_acquire`] found.
@@ -190,7 +194,13 @@ impl ConnectionLimit {
         Self {
             slots: Arc::new(Semaphore::new(cap)),
             cap,
+            lingering: Arc::new(Semaphore::new(cap)),
         }
+    }
+
+    /// The places of evicted connections that linger before they close.
+    pub fn lingering(&self) -> Arc<Semaphore> {
+        self.lingering.clone()
     }
 
     /// Connections served at most at once.
@@ -224,12 +234,14 @@ async fn acquire_many(semaphore: &Arc<Semaphore>, n: u32) -> OwnedSemaphorePermi
 }
 
 /// Descriptors `max_connections` connections need with the reserve:
-/// `FD_RESERVE_BASE + max_connections + FD_RESERVE_PER_SLOT * slots`,
-/// where without a `connectionLimit` every connection may run plugins.
+/// `FD_RESERVE_BASE + 2 * max_connections + FD_RESERVE_PER_SLOT * slots`
+/// (each connection may be joined by one evicted to make room for it that
+/// lingers before it closes), where without a `connectionLimit` every
+/// connection may run plugins.
 pub fn descriptors_needed(max_connections: usize, slots: Option<usize>) -> usize {
     let slots = slots.unwrap_or(max_connections);
     FD_RESERVE_BASE
-        .saturating_add(max_connections)
+        .saturating_add(max_connections.saturating_mul(2))
         .saturating_add(FD_RESERVE_PER_SLOT.saturating_mul(slots))
 }
 
@@ -238,9 +250,9 @@ pub fn descriptors_needed(max_connections: usize, slots: Option<usize>) -> usize
 pub fn fit_to_descriptors(max_connections: usize, slots: Option<usize>, nofile: usize) -> usize {
     let room = nofile.saturating_sub(FD_RESERVE_BASE);
     let cap = match slots {
-        Some(slots) => room.saturating_sub(FD_RESERVE_PER_SLOT.saturating_mul(slots)),
+        Some(slots) => room.saturating_sub(FD_RESERVE_PER_SLOT.saturating_mul(slots)) / 2,
         // Each connection may bring a plugin run of its own.
-        None => room / (1 + FD_RESERVE_PER_SLOT),
+        None => room / (2 + FD_RESERVE_PER_SLOT),
     };
     cap.clamp(1, max_connections.max(1))
 }
@@ -464,15 +476,16 @@ mod tests {
 
     #[test]
     fn fit_to_descriptors_should_keep_the_reserve_free() {
-        // connectionLimit 2: 64 + 2 * 8 descriptors stay for plugin runs.
-        assert_eq!(fit_to_descriptors(1024, Some(2), 128), 48);
-        assert_eq!(descriptors_needed(48, Some(2)), 128);
+        // connectionLimit 2: 64 + 2 * 8 descriptors stay for plugin runs,
+        // and one per connection for an evicted one that lingers.
+        assert_eq!(fit_to_descriptors(1024, Some(2), 128), 24);
+        assert_eq!(descriptors_needed(24, Some(2)), 128);
         // Room enough: maxConnections as configured.
         assert_eq!(fit_to_descriptors(1024, Some(4), 65536), 1024);
         // No connectionLimit: every connection may run plugins.
-        assert_eq!(fit_to_descriptors(1024, None, 1024), 106);
-        assert!(descriptors_needed(106, None) <= 1024);
-        assert!(descriptors_needed(107, None) > 1024);
+        assert_eq!(fit_to_descriptors(1024, None, 1024), 96);
+        assert!(descriptors_needed(96, None) <= 1024);
+        assert!(descriptors_needed(97, None) > 1024);
         // Never below one connection, even with no room at all.
         assert_eq!(fit_to_descriptors(1024, Some(64), 100), 1);
     }

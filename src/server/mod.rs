@@ -14,6 +14,7 @@
 //! bodies by a byte budget, CNI work by admission.
 
 mod backoff;
+mod conn_io;
 mod idle;
 mod metrics_port;
 mod routes;
@@ -23,7 +24,6 @@ pub use metrics_port::serve_metrics;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -41,6 +42,7 @@ use crate::limit::{Admission, BodyBudget, ConnectionLimit, Lanes, Permit, Slot, 
 use crate::metrics::Metrics;
 
 use backoff::AcceptBackoff;
+use conn_io::ConnIo;
 use idle::IdleConnections;
 
 /// Default of [`Config::body_budget_bytes`].
@@ -473,6 +475,13 @@ async fn accept_loop<H: Handler>(
         tokio::pin!(candidate);
         candidate.as_mut().enable();
         let room = permit.is_some() || shared.idle.has_candidate();
+        // A connection polled without a head becomes a candidate only
+        // after its grace: look again then.
+        let grace_over = if room {
+            None
+        } else {
+            shared.idle.next_candidate_at()
+        };
         let accepted = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
@@ -483,6 +492,7 @@ async fn accept_loop<H: Handler>(
                 continue;
             }
             _ = &mut candidate, if !room => continue,
+            _ = sleep_until_some(grace_over), if grace_over.is_some() => continue,
         };
         let stream = match accepted {
             Ok((stream, _)) => {
@@ -512,7 +522,7 @@ async fn accept_loop<H: Handler>(
             Some(p) => Some(p),
             None => make_room(&shared, &connections, Some(&stop)).await,
         };
-        serve_connection(stream, permit, &shared, &tracker);
+        serve_connection(stream, permit, connections.lingering(), &shared, &tracker);
     }
     if drain_backlog {
         let mut drained = 0usize;
@@ -527,7 +537,7 @@ async fn accept_loop<H: Handler>(
                 Slot::Free(p) => Some(p),
                 Slot::Full => make_room(&shared, &connections, None).await,
             };
-            serve_connection(stream, permit, &shared, &tracker);
+            serve_connection(stream, permit, connections.lingering(), &shared, &tracker);
             drained += 1;
         }
         if drained > 0 {
@@ -569,6 +579,11 @@ async fn make_room<H>(
             shared.metrics.connections_evicted.inc();
             debug!("closed the connection idle longest to serve a new one");
         }
+        let grace_over = if evicted {
+            None
+        } else {
+            shared.idle.next_candidate_at()
+        };
         let stopped = async {
             match stop {
                 Some(s) => s.cancelled().await,
@@ -579,10 +594,19 @@ async fn make_room<H>(
             biased;
             p = connections.acquire() => return Some(p),
             _ = &mut candidate, if !evicted => {}
+            _ = sleep_until_some(grace_over), if grace_over.is_some() => {}
             // The one chosen got its request head just then: choose again.
             _ = &mut declined, if evicted => evicted = false,
             _ = stopped => return None,
         }
+    }
+}
+
+/// Sleeps until `at`; never resolves for `None`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -621,6 +645,7 @@ enum Ended {
 fn serve_connection<H: Handler>(
     stream: tokio::net::UnixStream,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    lingering: Arc<tokio::sync::Semaphore>,
     shared: &Arc<Shared<H>>,
     tracker: &TaskTracker,
 ) {
@@ -637,7 +662,8 @@ fn serve_connection<H: Handler>(
     let service = hyper::service::service_fn(move |req| {
         // The head has arrived: this connection is no longer idle.
         svc_ticket.busy();
-        routes::route(svc_shared.clone(), req, accepted)
+        // Boxed: hyper's `poll_without_shutdown` wants an `Unpin` future.
+        Box::pin(routes::route(svc_shared.clone(), req, accepted))
     });
     let mut conn = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -650,7 +676,7 @@ fn serve_connection<H: Handler>(
         // Bodies are copied out as they arrive; a larger read buffer
         // would only double what a big request costs.
         .max_buf_size(READ_BUFFER_BYTES)
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(TokioIo::new(ConnIo::new(stream, ticket.clone())), service);
     let conn_shared = shared.clone();
     tracker.spawn(async move {
         let mut evicted = std::pin::pin!(evict.cancelled());
@@ -658,7 +684,9 @@ fn serve_connection<H: Handler>(
         let mut first_poll = true;
         let mut hang_up_check: Option<tokio::time::Interval> = None;
         let ended = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
+            // Without hyper's shutdown: the stream is closed below, after
+            // the client has read its answer.
+            if let Poll::Ready(r) = conn.poll_without_shutdown(cx) {
                 return Poll::Ready(Ended::Served(r));
             }
             if first_poll {
@@ -688,20 +716,36 @@ fn serve_connection<H: Handler>(
             Poll::Pending
         })
         .await;
+        conn_shared.metrics.connections_open.dec();
         match ended {
-            Ended::Served(Ok(())) => {}
-            Ended::Served(Err(e)) => debug!(cause = %e, "connection ended with an error"),
-            Ended::HungUp => debug!("client hung up before its answer"),
+            Ended::Served(r) => {
+                if let Err(e) = r {
+                    debug!(cause = %e, "connection ended with an error");
+                }
+                // What hyper has not written yet (its own error answer,
+                // replaced), then the lingering close, in the slot.
+                let mut io = conn.into_parts().io.into_inner();
+                let flushed = tokio::time::timeout(conn_io::LINGER_TIME, io.flush()).await;
+                if matches!(flushed, Ok(Ok(()))) {
+                    conn_io::linger(io.into_stream(), None).await;
+                }
+                drop(permit);
+            }
+            Ended::HungUp => {
+                debug!("client hung up before its answer");
+                drop(permit);
+            }
             Ended::Evicted => {
                 // Best effort, never waiting on the client: it sent nothing
-                // that needs an answer, this only tells it why.
-                let io = conn.into_parts().io.into_inner();
+                // that needs an answer, this only tells it why. Its slot is
+                // free at once; it reads the answer while it lingers.
+                let io = conn.into_parts().io.into_inner().into_stream();
                 let _ = io.try_write(&evicted_response());
+                drop(permit);
+                conn_io::linger(io, Some(&lingering)).await;
             }
         }
-        conn_shared.metrics.connections_open.dec();
         conn_shared.activity.touch();
-        drop(permit);
     });
 }
 

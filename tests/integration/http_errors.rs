@@ -117,6 +117,29 @@ fn oversize_bodies_should_get_413() {
     assert_serving(&mut d);
 }
 
+/// Requests hyper cannot parse are answered 400 with a CNI error body like
+/// every other refusal, not an empty one.
+#[test]
+fn unparsable_requests_should_get_a_cni_error_body() {
+    let (_dir, mut d) = daemon("unparsable");
+    for raw in [
+        &b"\x00\x01\x02\x03 not http at all\r\n\r\n"[..],
+        b"GET\r\n\r\n",
+        b"POST /cni HTTP/1.1\r\nContent-Length: banana\r\n\r\n",
+        b"POST /cni HTTP/9.9\r\n\r\n",
+        b"POST /cni HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+        b"POST /cni HTTP/1.1\r\nbad header\r\n\r\n",
+        b"POST /cni HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"POST  /cni HTTP/1.1\r\n\r\n",
+    ] {
+        let r = http::send_raw(&d.sock, raw).unwrap();
+        let v = assert_cni_error(&r, 400);
+        assert_eq!(v["code"], 6, "{}: {v}", String::from_utf8_lossy(raw));
+        assert_eq!(r.header("connection"), Some("close"));
+    }
+    assert_serving(&mut d);
+}
+
 #[test]
 fn garbage_bytes_should_not_hurt_the_daemon() {
     let (_dir, mut d) = daemon("garbage");

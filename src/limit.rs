@@ -409,7 +409,7 @@ impl Drop for BodyBytes {
 }
 
 /// Returns the allocator's free memory to the system.
-fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         // SAFETY: malloc_trim has no preconditions; it only takes the

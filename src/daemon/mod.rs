@@ -23,6 +23,8 @@ use crate::{cni, k8s, logging, readiness_file};
 
 /// Most threads of the blocking pool (see where the runtime is built).
 const BLOCKING_THREADS: usize = 64;
+/// How long an idle blocking-pool thread stays (tokio's default is 10 s).
+const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(3);
 /// The async runtime's worker threads. Its work per call (HTTP, JSON, the
 /// engine's bookkeeping) is a small part of a call; the plugins run in
 /// their own processes and file work on the blocking pool. A second worker
@@ -99,6 +101,8 @@ pub fn main(config: config::Config) -> Exit {
         // where tokio's default of 512 lets a burst of hundreds of calls
         // start a thread (stack and malloc arena) for each.
         .max_blocking_threads(BLOCKING_THREADS)
+        // A burst's extra threads (and their stacks) go soon after it.
+        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
         .worker_threads(WORKER_THREADS)
         .build()
     {

@@ -253,6 +253,8 @@ pub struct Work {
     tracker: TaskTracker,
     running: Mutex<BTreeMap<u64, Running>>,
     next_id: AtomicU64,
+    /// Most pieces running at once since the work was last idle.
+    peak: std::sync::atomic::AtomicUsize,
 }
 
 /// One piece of work not finished yet.
@@ -271,6 +273,7 @@ impl Work {
             tracker: TaskTracker::new(),
             running: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(0),
+            peak: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -298,20 +301,28 @@ impl Work {
             command,
             started: Instant::now(),
         };
-        self.running
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, entry);
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running.insert(id, entry);
+        self.peak.fetch_max(running.len(), Ordering::Relaxed);
         id
     }
 
-    fn finish(&self, id: u64) {
-        self.running
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
+    /// Ends piece `id`; when it was the last one of a burst of at least
+    /// [`TRIM_AFTER_CALLS`] at once, returns true (once per burst).
+    fn finish(&self, id: u64) -> bool {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running.remove(&id);
+        running.is_empty() && self.peak.swap(0, Ordering::Relaxed) >= TRIM_AFTER_CALLS
     }
 }
+
+/// A burst of at least this many pieces of work at once is followed by a
+/// trim of the allocator's free memory once it is over.
+const TRIM_AFTER_CALLS: usize = 8;
+
+/// How long after a burst's last piece of work the trim runs: the
+/// connections' answers and buffers are freed by then.
+const TRIM_DELAY: Duration = Duration::from_millis(500);
 
 /// Marks a piece of work finished however its task ends.
 struct Finished<'a, H> {
@@ -321,7 +332,17 @@ struct Finished<'a, H> {
 
 impl<H> Drop for Finished<'_, H> {
     fn drop(&mut self) {
-        self.shared.work.finish(self.id);
+        if self.shared.work.finish(self.id) {
+            // glibc keeps what a burst freed in its arenas (one per thread
+            // that allocated, up to 8 per core): give it back, off the
+            // async workers, whether or not another burst has begun.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async {
+                    tokio::time::sleep(TRIM_DELAY).await;
+                    let _ = tokio::task::spawn_blocking(crate::limit::release_free_memory).await;
+                });
+            }
+        }
         // The idle timer counts from the end of the work, not from the
         // end of a connection that may have gone long before.
         self.shared.activity.touch();

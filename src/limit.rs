@@ -50,8 +50,27 @@ pub enum Error {
 pub struct Admission {
     slots: Option<Arc<Semaphore>>,
     queue_timeout: Duration,
+    depth: Arc<QueueDepth>,
     metrics: Arc<Metrics>,
 }
+
+/// Requests waiting for a slot, and the depth at which the accept loops
+/// stop taking new connections: each waiting request holds its connection
+/// and buffers (about 14 KiB), while a client in the listen backlog costs
+/// the daemon nothing. A herd of 1,000 pods then takes the memory of
+/// `connectionLimit` calls plus this queue, as a herd of 250 does.
+#[derive(Debug)]
+struct QueueDepth {
+    now: AtomicUsize,
+    pause_at: Option<usize>,
+    shrank: tokio::sync::Notify,
+    filled: tokio::sync::Notify,
+}
+
+/// Queued requests at which accepting pauses, per processing slot.
+pub const PAUSE_QUEUED_PER_SLOT: usize = 4;
+/// Queued requests at which accepting pauses, at least.
+pub const PAUSE_QUEUED_MIN: usize = 16;
 
 /// Owned by the task doing a request's CNI work; frees its slot (and
 /// counts the work out of the in-flight gauge) when dropped.
@@ -67,24 +86,67 @@ impl Drop for Permit {
     }
 }
 
-/// Decrements the queued gauge however the wait ends.
-struct Queued<'a>(&'a Metrics);
+/// Counts a request as queued until its wait ends, however it ends.
+struct Queued<'a>(&'a Admission);
+
+impl<'a> Queued<'a> {
+    fn new(a: &'a Admission) -> Self {
+        a.metrics.queued.inc();
+        let after = a.depth.now.fetch_add(1, Ordering::AcqRel) + 1;
+        if a.depth.pause_at == Some(after) {
+            a.depth.filled.notify_waiters();
+        }
+        Self(a)
+    }
+}
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        self.0.queued.dec();
+        self.0.metrics.queued.dec();
+        let before = self.0.depth.now.fetch_sub(1, Ordering::AcqRel);
+        if self.0.depth.pause_at == Some(before) {
+            self.0.depth.shrank.notify_waiters();
+        }
     }
 }
 
 impl Admission {
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Self {
+        let limit = config.connection_limit.map(NonZeroUsize::get);
         Self {
-            slots: config
-                .connection_limit
-                .map(|n| Arc::new(Semaphore::new(n.get()))),
+            slots: limit.map(|n| Arc::new(Semaphore::new(n))),
             queue_timeout: config.queue_timeout,
+            depth: Arc::new(QueueDepth {
+                now: AtomicUsize::new(0),
+                pause_at: limit.map(|n| {
+                    n.saturating_mul(PAUSE_QUEUED_PER_SLOT)
+                        .max(PAUSE_QUEUED_MIN)
+                }),
+                shrank: tokio::sync::Notify::new(),
+                filled: tokio::sync::Notify::new(),
+            }),
             metrics,
         }
+    }
+
+    /// Whether so many requests wait for a slot that new connections are
+    /// better left in the listen backlog (see [`QueueDepth`]).
+    pub fn accept_paused(&self) -> bool {
+        self.depth
+            .pause_at
+            .is_some_and(|at| self.depth.now.load(Ordering::Acquire) >= at)
+    }
+
+    /// Resolves after the queue next drops below the pause depth; `enable`
+    /// it before checking [`Admission::accept_paused`].
+    pub fn queue_shrank(&self) -> tokio::sync::futures::Notified<'_> {
+        self.depth.shrank.notified()
+    }
+
+    /// Resolves after the queue next reaches the pause depth (an accept
+    /// loop waiting for a client stops waiting).
+    pub fn queue_filled(&self) -> tokio::sync::futures::Notified<'_> {
+        self.depth.filled.notified()
     }
 
     /// How long a call may wait for its turn and a slot together.
@@ -108,8 +170,7 @@ impl Admission {
             Some(slots) => match slots.clone().try_acquire_owned() {
                 Ok(p) => Some(p),
                 Err(_no_permits) => {
-                    self.metrics.queued.inc();
-                    let _queued = Queued(&self.metrics);
+                    let _queued = Queued::new(self);
                     match tokio::time::timeout_at(deadline, acquire_many(slots, 1)).await {
                         Ok(p) => Some(p),
                         Err(_) => {
@@ -461,6 +522,37 @@ mod tests {
         }
         drop(held);
         waiter.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_deep_queue_should_pause_accepting_until_it_shrinks() {
+        let m = Arc::new(Metrics::new());
+        let a = Admission::new(&config(1, 60_000), m.clone());
+        let held = a.admit().await.unwrap();
+        let mut waiters = Vec::new();
+        for k in 1..=PAUSE_QUEUED_MIN {
+            assert!(!a.accept_paused(), "paused at {} queued", k - 1);
+            let a2 = a.clone();
+            waiters.push(tokio::spawn(async move { a2.admit().await.map(|_| ()) }));
+            while m.queued.get() < k as i64 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(a.accept_paused());
+        let shrank = a.queue_shrank();
+        tokio::pin!(shrank);
+        shrank.as_mut().enable();
+        drop(held);
+        tokio::time::timeout(Duration::from_secs(5), shrank)
+            .await
+            .expect("the accept loop is woken");
+        assert!(!a.accept_paused());
+        for w in waiters {
+            w.await.unwrap().unwrap();
+        }
+        // Without a limit nothing queues, and accepting never pauses.
+        let a = Admission::new(&config(0, 0), m);
+        assert!(!a.accept_paused());
     }
 
     #[tokio::test]

@@ -485,6 +485,22 @@ async fn accept_loop<H: Handler>(
 ) {
     let mut backoff = AcceptBackoff::new();
     loop {
+        // Requests enough wait for a slot: new clients wait in the listen
+        // backlog, where they cost the daemon no memory, until one of
+        // them has been admitted.
+        let shrank = shared.admission.queue_shrank();
+        tokio::pin!(shrank);
+        shrank.as_mut().enable();
+        let filled = shared.admission.queue_filled();
+        tokio::pin!(filled);
+        filled.as_mut().enable();
+        if shared.admission.accept_paused() {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                _ = &mut shrank => continue,
+            }
+        }
         let permit = match connections.try_acquire() {
             Slot::Free(p) => Some(p),
             Slot::Full => None,
@@ -514,6 +530,8 @@ async fn accept_loop<H: Handler>(
             }
             _ = &mut candidate, if !room => continue,
             _ = sleep_until_some(grace_over), if grace_over.is_some() => continue,
+            // The queue filled up while waiting for a client: pause.
+            _ = &mut filled => continue,
         };
         let stream = match accepted {
             Ok((stream, _)) => {

@@ -317,7 +317,7 @@ fn max_connections_should_hold_excess_clients_in_the_backlog() {
 /// (the Recv-Q that `ss` reports for a listening socket). The kernel keeps
 /// the name the socket was bound to, the temporary name in the same
 /// directory that was then renamed to `path`.
-fn listen_queue(path: &Path) -> Option<u64> {
+pub(crate) fn listen_queue(path: &Path) -> Option<u64> {
     let out = std::process::Command::new("ss")
         .args(["-xlnH"])
         .output()

@@ -5,11 +5,14 @@
 //! namespaces, behind a fake plugin that hangs for the `bad-*` containers
 //! until the test releases it. Needs root.
 
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::thread::JoinHandle;
 
 use base64::Engine as _;
 use serde_json::json;
 
+use crate::admission::listen_queue;
 use crate::support::cni::{
     address, bridge, cni, conflist, failed, gc_call, ok, Call, Engine, Pending, SETTLE,
 };
@@ -29,6 +32,8 @@ struct Node {
     br: Link,
     subnet: Subnet,
     d: Daemon,
+    /// The metrics listener's port: /metrics without the unix socket.
+    port: u16,
 }
 
 impl Node {
@@ -65,9 +70,17 @@ exit 0"#,
         // Long enough for every good ADD below on a busy machine, short
         // enough that a test of a slot-holding wait fails in seconds.
         cfg["queueTimeout"] = "10s".into();
+        let port = http::free_port("127.0.0.1");
+        cfg["metricsPort"] = port.into();
         let mut d = Daemon::start(&e.dir, "d", cfg);
         d.ready();
-        Node { e, br, subnet, d }
+        Node {
+            e,
+            br,
+            subnet,
+            d,
+            port,
+        }
     }
 
     fn stuck(&self, command: &str) -> bool {
@@ -79,7 +92,11 @@ exit 0"#,
     }
 
     fn gauge(&self, name: &str) -> f64 {
-        http::metric(&self.d.sock, name).unwrap_or(0.0)
+        http::metrics_over_tcp(self.port)
+            .body_str()
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 
     /// Waits until `n` calls wait, for their turn or for a slot (each
@@ -230,5 +247,56 @@ fn a_gc_storm_should_hold_one_slot() {
     }
     // The first GC deleted the stale container once its ADD was done.
     assert!(!ns.has_link("eth0"), "{:?}", ns.ifaces());
+    node.assert_clean();
+}
+
+/// With one slot held by a hung ADD and 16 requests waiting for it (4 per
+/// slot, at least 16), plexusd stops accepting: the next client waits in
+/// the listen backlog, where it costs the daemon no memory, and is served
+/// once the queue moves. Were it accepted, its request would be read and
+/// held like the 16 (a herd of 1,000 pods would hold 1,000).
+#[test]
+fn a_full_queue_should_leave_new_clients_in_the_backlog() {
+    let node = Node::start("fair-pause", 1);
+    let d = &node.d;
+    let ns = Netns::new();
+    let bad = Call::new("ADD", "bad-pause", &ns, "eth0").spawn(d);
+    wait_until(SETTLE, "the bad ADD's plugin to hang", || node.stuck("ADD"));
+    let spaces: Vec<Netns> = (0..16).map(|_| Netns::new()).collect();
+    let queued: Vec<Pending> = spaces
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| Call::new("ADD", &format!("good-q{i}"), ns, "eth0").spawn(d))
+        .collect();
+    wait_until(SETTLE, "16 requests queued", || {
+        node.gauge("plexus_requests_queued") == 16.0
+    });
+    let mut late = UnixStream::connect(&d.sock).unwrap();
+    late.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    wait_until(SETTLE, "the next client in the listen backlog", || {
+        listen_queue(&d.sock) == Some(1)
+    });
+    late.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    assert!(
+        matches!(late.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "answered while the queue was full"
+    );
+    assert_eq!(node.gauge("plexus_requests_queued"), 16.0);
+
+    node.release();
+    ok(d, &bad.finish());
+    late.set_nonblocking(false).unwrap();
+    late.set_read_timeout(Some(SETTLE)).unwrap();
+    assert_eq!(http::read_response(&mut late).unwrap().status, 200);
+    for (run, ns) in finish_all(queued).iter().zip(&spaces) {
+        let r = ok(d, run);
+        assert!(ns.iface("eth0").is_some_and(|i| i.has_addr(&address(&r))));
+    }
+    for (i, ns) in spaces.iter().enumerate() {
+        ok(d, &cni(d, "DEL", &format!("good-q{i}"), ns, "eth0"));
+    }
+    ok(d, &cni(d, "DEL", "bad-pause", &ns, "eth0"));
     node.assert_clean();
 }

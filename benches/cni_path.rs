@@ -23,7 +23,7 @@
 //! Layout: this file holds the iteration counts, the scenario runner and
 //! the report's frame; `support/scenario_*.rs` one scenario each (in the
 //! report's order: sequential, shim, bursts with memory, start_stop,
-//! restart, records, floods, k8s); `support/setup.rs` what they share
+//! restart, records, floods, k8s, herd); `support/setup.rs` what they share
 //! (call environments, networks, a running plexusd, tmpfs scratch dirs,
 //! failure tallies); `support/procs.rs` timed process runs and /proc readings,
 //! `support/flood.rs` raw client connections, `support/daemon_metrics.rs`
@@ -49,6 +49,8 @@ mod daemon_metrics;
 mod flood;
 #[path = "support/scenario_floods.rs"]
 mod floods;
+#[path = "support/scenario_herd.rs"]
+mod herd;
 #[path = "support/scenario_k8s.rs"]
 mod kube;
 #[path = "support/procs.rs"]
@@ -271,6 +273,11 @@ fn main() {
     sections.push(run("10. Kubernetes pods with two networks", true, |s| {
         kube::kubernetes(s, &c)
     }));
+    sections.push(run(
+        "11. Herd after a reboot: every pod at once at a cold, socket-activated plexusd",
+        true,
+        |s| herd::herd_after_reboot(s, &c),
+    ));
 
     let mut out = String::new();
     out.push_str("# Plexus benchmark: the CNI call path\n\n");

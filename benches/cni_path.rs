@@ -11,7 +11,9 @@
 //!   out; the numbers mean little and the report says so.
 //! * `PLEXUS_BENCH_OUT=<path>`: write the report there instead.
 //! * `PLEXUS_BENCH_ONLY=1,4` or `PLEXUS_BENCH_ONLY=floods`: run only these
-//!   scenarios, by number or by the first word of their title.
+//!   scenarios, by number or by the first word of their title. The bench's
+//!   own arguments select the same way and take precedence:
+//!   `cargo bench --bench cni_path -- herd` or `-- 4 9`.
 //!
 //! The bench reports; it never fails on a missed target. Everything it
 //! creates (namespaces, links, temp dirs, processes) is owned by a guard
@@ -21,7 +23,7 @@
 //! Layout: this file holds the iteration counts, the scenario runner and
 //! the report's frame; `support/scenario_*.rs` one scenario each (in the
 //! report's order: sequential, shim, bursts with memory, start_stop,
-//! restart, records, floods, k8s); `support/setup.rs` what they share
+//! restart, records, floods, k8s, herd); `support/setup.rs` what they share
 //! (call environments, networks, a running plexusd, tmpfs scratch dirs,
 //! failure tallies); `support/procs.rs` timed process runs and /proc readings,
 //! `support/flood.rs` raw client connections, `support/daemon_metrics.rs`
@@ -47,6 +49,8 @@ mod daemon_metrics;
 mod flood;
 #[path = "support/scenario_floods.rs"]
 mod floods;
+#[path = "support/scenario_herd.rs"]
+mod herd;
 #[path = "support/scenario_k8s.rs"]
 mod kube;
 #[path = "support/procs.rs"]
@@ -171,20 +175,36 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The scenarios asked for, by number or first word of the title: the
+/// bench's arguments (cargo adds `--bench`, which is no selection), else
+/// `PLEXUS_BENCH_ONLY`; `None`: every scenario.
+fn selection() -> Option<Vec<String>> {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .flat_map(|a| a.split(',').map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    if !args.is_empty() {
+        return Some(args);
+    }
+    let only = std::env::var("PLEXUS_BENCH_ONLY").ok()?;
+    Some(only.split(',').map(str::to_string).collect())
+}
+
 /// Runs one scenario, turning a panic into a line of the report.
 fn run(title: &str, needs_root: bool, f: impl FnOnce(&mut Section)) -> Section {
     eprintln!("== {title}");
     let t0 = Instant::now();
     let mut sec = Section::new(title);
-    if let Ok(only) = std::env::var("PLEXUS_BENCH_ONLY") {
+    if let Some(only) = selection() {
         let (number, name) = title.split_once(". ").unwrap_or((title, ""));
         let word = name.split_whitespace().next().unwrap_or("");
         let selected = only
-            .split(',')
-            .map(str::trim)
+            .iter()
+            .map(|o| o.trim())
             .any(|o| o == number || (!o.is_empty() && o.eq_ignore_ascii_case(word)));
         if !selected {
-            sec.para("Skipped: not selected by PLEXUS_BENCH_ONLY.");
+            sec.para("Skipped: not selected (bench arguments or PLEXUS_BENCH_ONLY).");
             return sec;
         }
     }
@@ -253,6 +273,11 @@ fn main() {
     sections.push(run("10. Kubernetes pods with two networks", true, |s| {
         kube::kubernetes(s, &c)
     }));
+    sections.push(run(
+        "11. Herd after a reboot: every pod at once at a cold, socket-activated plexusd",
+        true,
+        |s| herd::herd_after_reboot(s, &c),
+    ));
 
     let mut out = String::new();
     out.push_str("# Plexus benchmark: the CNI call path\n\n");

@@ -10,6 +10,8 @@
 //! * `PLEXUS_BENCH_QUICK=1`: far fewer iterations, for trying the bench
 //!   out; the numbers mean little and the report says so.
 //! * `PLEXUS_BENCH_OUT=<path>`: write the report there instead.
+//! * `PLEXUS_BENCH_HERDS="250:unset,4 1000:4"`: the herds of scenario 11
+//!   (pods, then the `connectionLimit` settings) instead of its own.
 //! * `PLEXUS_BENCH_ONLY=1,4` or `PLEXUS_BENCH_ONLY=floods`: run only these
 //!   scenarios, by number or by the first word of their title. The bench's
 //!   own arguments select the same way and take precedence:

@@ -973,6 +973,31 @@ fn raise_nofile(want: u64) -> (u64, u64) {
     (before, before)
 }
 
+/// `PLEXUS_BENCH_HERDS`, e.g. `250:unset,4,16 1000:4`: herds of pods,
+/// each with its `connectionLimit` settings (`unset`: the key left out).
+fn parse_herds(spec: &str) -> Vec<Setting> {
+    let mut out = Vec::new();
+    for herd in spec.split_whitespace() {
+        let (pods, limits) = herd
+            .split_once(':')
+            .unwrap_or_else(|| panic!("PLEXUS_BENCH_HERDS: {herd:?} is not pods:limit,..."));
+        let pods: usize = pods
+            .parse()
+            .unwrap_or_else(|_| panic!("PLEXUS_BENCH_HERDS: {pods:?} is no pod count"));
+        for limit in limits.split(',') {
+            let limit = match limit {
+                "unset" => None,
+                n => Some(
+                    n.parse()
+                        .unwrap_or_else(|_| panic!("PLEXUS_BENCH_HERDS: {n:?} is no limit")),
+                ),
+            };
+            out.push(Setting { pods, limit });
+        }
+    }
+    out
+}
+
 fn have_socket_activate() -> bool {
     Command::new("systemd-socket-activate")
         .arg("--version")
@@ -985,10 +1010,13 @@ fn have_socket_activate() -> bool {
 pub fn herd_after_reboot(sec: &mut Section, c: &Counts) {
     let started = Instant::now();
     let herds = if c.quick { QUICK_HERDS } else { HERDS };
-    let settings: Vec<Setting> = herds
-        .iter()
-        .flat_map(|&(pods, limits)| limits.iter().map(move |&limit| Setting { pods, limit }))
-        .collect();
+    let settings: Vec<Setting> = match std::env::var("PLEXUS_BENCH_HERDS") {
+        Ok(spec) => parse_herds(&spec),
+        Err(_) => herds
+            .iter()
+            .flat_map(|&(pods, limits)| limits.iter().map(move |&limit| Setting { pods, limit }))
+            .collect(),
+    };
     if !have_socket_activate() {
         sec.para("Skipped: `systemd-socket-activate` (Debian package systemd) is not installed.");
         return;

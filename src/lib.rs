@@ -18,7 +18,8 @@
 //!   handler     joins the others: wire request -> validated call -> planned
 //!               networks -> engine -> answer (and network-status for pods)
 //!   k8s         this node's pods and the NetworkAttachmentDefinitions (watch
-//!               caches), the kubelet's devices, the network-status write;
+//!               caches of slim values, not objects), the kubelet's devices,
+//!               the network-status write;
 //!               implements selection's lookup trait for pods
 //!   selection   which networks a container gets, in which order, ifnames:
 //!               static config, pod annotations, NADs -> network configs

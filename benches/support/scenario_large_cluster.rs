@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::procs::status_kib;
+use crate::procs::{proc_cpu, status_kib};
 use crate::report::{Section, Table, Target};
 use crate::setup::{write_network, Network, CNI_BIN, LOG_LEVEL};
 use crate::stats::{fmt_ms, Samples};
@@ -69,6 +69,8 @@ struct Run {
     /// Time the test API server spent on the NAD list requests (request
     /// read to body built).
     server_lists: Duration,
+    /// plexusd's CPU time (user + system) when READY=1 arrived.
+    cpu: Option<Duration>,
     rss_kib: Option<u64>,
     hwm_kib: Option<u64>,
     nads: Traffic,
@@ -135,6 +137,7 @@ fn one_run(engine: &Engine, case: &Case, tag: &str) -> Run {
     let ready_at = Instant::now();
     run.rss_kib = status_kib(d.pid(), "VmRSS");
     run.hwm_kib = status_kib(d.pid(), "VmHWM");
+    run.cpu = proc_cpu(d.pid()).map(|(own, _)| own);
     run.ready = Some(ready_at - t0);
     run.after_answer = api
         .first_answer()
@@ -241,6 +244,7 @@ pub fn large_cluster(sec: &mut Section, c: &Counts) {
         "exec → READY=1 p50 (max)",
         "API server's first answer → READY=1 p50 (max)",
         "last NAD page → READY=1 p50",
+        "plexusd CPU until READY=1 p50",
         "NAD list pages, items, bytes",
         "test API server building the NAD pages",
         "VmRSS once ready (median)",
@@ -262,6 +266,7 @@ pub fn large_cluster(sec: &mut Section, c: &Counts) {
         let after = samples(|r| r.after_answer);
         let last_page = samples(|r| r.after_last_page);
         let server = samples(|r| Some(r.server_lists));
+        let cpu = samples(|r| r.cpu);
         let first = runs.first();
         let case_rss = rss(runs);
         t.row(vec![
@@ -269,6 +274,7 @@ pub fn large_cluster(sec: &mut Section, c: &Counts) {
             format!("{} ({})", fmt_ms(ready.p50()), fmt_ms(ready.max())),
             format!("{} ({})", fmt_ms(after.p50()), fmt_ms(after.max())),
             fmt_ms(last_page.p50()),
+            fmt_ms(cpu.p50()),
             first.map_or("n/a".into(), |r| {
                 format!(
                     "{}, {}, {:.1} MB",
@@ -291,7 +297,11 @@ pub fn large_cluster(sec: &mut Section, c: &Counts) {
         "Start-up: READY=1 is sent once both caches (this node's pods, every NAD) have their \
          first full list. The API server's first answer is the first request the test server \
          answered; the time it spent building the NAD pages (JSON made up per request) is \
-         part of the time to READY, as a real API server's time would be.",
+         part of the time to READY, as a real API server's time would be. The daemon fetches \
+         a page, decodes it, then asks for the next, so the test server's work and the \
+         daemon's add up; both share the machine's cores with whatever else runs (see the \
+         load average above). plexusd's CPU time (utime + stime at READY=1, 10 ms ticks) is \
+         its own share, start-up included.",
     );
     sec.table(&t);
 
@@ -377,23 +387,30 @@ pub fn large_cluster(sec: &mut Section, c: &Counts) {
             .find(|(i, _)| *i == k)
             .and_then(|(_, runs)| runs.iter().filter_map(|r| r.after_answer).max())
     };
-    for (k, nads, budget) in [
-        (1, 10_000, NAD_CACHE_BUDGET_KIB),
-        (3, 100_000, NAD_CACHE_BUDGET_KIB * 10),
+    for (k, budget) in [
+        (1, NAD_CACHE_BUDGET_KIB),
+        (2, NAD_CACHE_BUDGET_KIB),
+        (3, NAD_CACHE_BUDGET_KIB * 10),
     ] {
         let cost = match (rss_of(k), base_rss) {
             (Some(a), Some(b)) => Some(a as i64 - b as i64),
             _ => None,
         };
         sec.target(Target::new(
-            &format!("NAD cache at {nads} NADs (VmRSS − VmRSS without NADs)"),
+            &format!(
+                "NAD cache costs < {} MiB: {} (VmRSS − VmRSS without NADs)",
+                budget / 1024,
+                CASES[k].label
+            ),
             &format!("< {} MiB", budget / 1024),
             cost.map_or("n/a".into(), signed_mib),
             cost.map(|c| c < budget as i64),
         ));
+    }
+    for (k, nads) in [(1, "10,000"), (3, "100,000")] {
         let r = ready_max(k);
         sec.target(Target::new(
-            &format!("READY=1 after the API server's first answer, {nads} NADs (worst start)"),
+            &format!("READY within 1 s of the API server answering, {nads} NADs (worst start)"),
             "≤ 1 s",
             fmt_ms(r),
             r.map(|d| d <= READY_BUDGET),
@@ -407,13 +424,12 @@ pub fn large_cluster(sec: &mut Section, c: &Counts) {
             ));
         }
     }
-    let copied = match (rss_of(2), base_rss) {
-        (Some(a), Some(b)) => signed_mib(a as i64 - b as i64),
-        _ => "n/a".into(),
-    };
-    sec.para(&format!(
-        "Memory is VmRSS read right after READY=1, the median of the starts; with 10,000 NADs \
-         whose configs repeat across namespaces the NADs cost {copied}. VmHWM includes what \
-         was freed again (pages being decoded)."
-    ));
+    sec.para(
+        "Memory is VmRSS read right after READY=1, the median of the starts; VmHWM includes \
+         what was freed again (pages being decoded). What a NAD costs at least: its namespace \
+         and name (one small allocation), 48 bytes of entry and its `spec.config` text, which \
+         NADs with the same text share: 10,000 configs of 150 bytes, each its own, are 1.5 \
+         MB of text alone, so that case cannot fit in 2 MiB without compressing configs. The \
+         budget at 100,000 NADs is the 10,000-NAD budget times ten.",
+    );
 }

@@ -25,7 +25,8 @@
 //! Layout: this file holds the iteration counts, the scenario runner and
 //! the report's frame; `support/scenario_*.rs` one scenario each (in the
 //! report's order: sequential, shim, bursts with memory, start_stop,
-//! restart, records, floods, k8s, herd); `support/setup.rs` what they share
+//! restart, records, floods, k8s, herd, large_cluster); `support/setup.rs`
+//! what they share
 //! (call environments, networks, a running plexusd, tmpfs scratch dirs,
 //! failure tallies); `support/procs.rs` timed process runs and /proc readings,
 //! `support/flood.rs` raw client connections, `support/daemon_metrics.rs`
@@ -55,6 +56,8 @@ mod floods;
 mod herd;
 #[path = "support/scenario_k8s.rs"]
 mod kube;
+#[path = "support/scenario_large_cluster.rs"]
+mod large_cluster;
 #[path = "support/procs.rs"]
 mod procs;
 #[path = "support/scenario_records.rs"]
@@ -119,6 +122,8 @@ pub struct Counts {
     pub setsid_adds: usize,
     /// Kubernetes pod ADD+DEL pairs (two networks) per side.
     pub k8s: usize,
+    /// Starts of plexusd per large-cluster case.
+    pub large_runs: usize,
 }
 
 impl Counts {
@@ -144,6 +149,7 @@ impl Counts {
                 big_bodies: 200,
                 setsid_adds: 20,
                 k8s: 5,
+                large_runs: 1,
             };
         }
         Self {
@@ -166,6 +172,7 @@ impl Counts {
             big_bodies: 1000,
             setsid_adds: 20,
             k8s: 80,
+            large_runs: 3,
         }
     }
 }
@@ -280,6 +287,9 @@ fn main() {
         true,
         |s| herd::herd_after_reboot(s, &c),
     ));
+    sections.push(run("12. Large clusters", false, |s| {
+        large_cluster::large_cluster(s, &c)
+    }));
 
     let mut out = String::new();
     out.push_str("# Plexus benchmark: the CNI call path\n\n");

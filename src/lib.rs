@@ -14,11 +14,13 @@
 //!
 //!   activation  listener from systemd (LISTEN_FDS) or a safe self-bind
 //!   server      accept loop, HTTP, routes, read timeouts, graceful drain
-//!   limit       open-connection cap and CNI admission (limit + FIFO queue)
+//!   limit       open-connection cap and CNI admission (a turn per container,
+//!               then limit + FIFO queue; accepting pauses on a deep queue)
 //!   handler     joins the others: wire request -> validated call -> planned
 //!               networks -> engine -> answer (and network-status for pods)
 //!   k8s         this node's pods and the NetworkAttachmentDefinitions (watch
-//!               caches), the kubelet's devices, the network-status write;
+//!               caches of slim values, not objects), the kubelet's devices,
+//!               the network-status write;
 //!               implements selection's lookup trait for pods
 //!   selection   which networks a container gets, in which order, ifnames:
 //!               static config, pod annotations, NADs -> network configs
@@ -32,6 +34,7 @@
 //!   names       the spec's rules for container, network and interface names
 //!   result      CNI result versions and conversions
 //!   api         wire types, command names, CNI error codes (shared with the shim)
+//!   memory      the allocator's free memory given back after bursts and lists
 //!   json        a JSON value's kind, for messages
 //!   duration    "10s"-style durations
 //!
@@ -92,6 +95,7 @@ pub mod json;
 pub mod k8s;
 pub mod limit;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod names;
 pub mod netconf;

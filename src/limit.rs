@@ -463,23 +463,9 @@ impl Drop for BodyBytes {
         // ask for it back, off the async workers.
         if before == n && self.budget.peak.swap(0, Ordering::Relaxed) >= TRIM_AFTER_BYTES {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn_blocking(release_free_memory);
+                rt.spawn_blocking(crate::memory::release_free_memory);
             }
         }
-    }
-}
-
-/// Returns the allocator's free memory to the system.
-pub(crate) fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: malloc_trim has no preconditions; it only takes the
-        // allocator's own locks.
-        let released = unsafe { libc::malloc_trim(0) };
-        debug!(
-            released = released != 0,
-            "returned freed memory to the system"
-        );
     }
 }
 

@@ -150,6 +150,7 @@ pub fn main(config: config::Config) -> Exit {
     // Fallible (credentials, kubeconfig), so before the socket is taken;
     // it waits for nothing: the caches fill while the daemon serves.
     let kubernetes = if config.kubernetes.enabled() {
+        k8s::tune_allocator_for_lists();
         match runtime.block_on(k8s::Source::start(config.kubernetes.clone())) {
             Ok(source) => {
                 info!(node = %config.kubernetes.node_name, "watching this node's pods and the NetworkAttachmentDefinitions");

@@ -7,23 +7,33 @@
 //!
 //! - Credentials: the `kubeconfig` file named in daemon-config.json, else
 //!   the in-cluster service account (when `KUBERNETES_SERVICE_HOST` is set).
-//! - Pods: `spec.nodeName=<node>` only, as `PartialObjectMetadata` (name,
-//!   namespace, uid, labels, annotations): a node never holds the
-//!   cluster's pods, nor their specs.
-//! - NADs: all namespaces (selection may name any namespace).
-//! - Caches re-list on `410 Gone` and back off on errors (kube-runtime's
-//!   watcher and reflector); [`Source::synced`] says when both have
-//!   listed once; [`Source::watch_error`] says why not, with the whole
-//!   chain of causes (a refused certificate, 401 Unauthorized).
+//! - Pods: `spec.nodeName=<node>` only (lists, watches), as
+//!   `PartialObjectMetadata`: a node never receives the cluster's pods,
+//!   nor their specs. Kept per pod: namespace, name, uid and the
+//!   annotations Plexus reads ([`pod::PodMeta`]).
+//! - NADs: all namespaces (selection may name any namespace). Kept per
+//!   NAD: namespace, name, `spec.config` and the `resourceName`
+//!   annotation, a config text shared by the NADs that have the same
+//!   ([`nad::CachedNad`]); about 100 bytes plus the config.
+//! - Objects are decoded only that far ([`slim`]): `managedFields`,
+//!   labels and other annotations are skipped while reading.
+//! - Lists are paged (kube-runtime's watcher, 500 objects a page, as
+//!   client-go); caches re-list on `410 Gone` and back off on errors; a
+//!   re-list replaces a cache's contents when it is complete
+//!   ([`cache`]). [`Source::synced`] says when both have listed once;
+//!   [`Source::watch_error`] says why not, with the whole chain of causes
+//!   (a refused certificate, 401 Unauthorized).
 //! - A pod the cache does not hold yet (a fresh pod racing the watch) costs
 //!   one GET, bounded by `requestTimeout`, never a failure for a slow cache.
 //! - Pod planning (`selection::pod`) reads the NADs and the kubelet's
 //!   devices through [`Source`]'s [`Cluster`] implementation.
 //! - Nothing here is needed for DEL: DEL runs from the attachment records.
 
+mod cache;
 pub mod devices;
 mod nad;
 mod pod;
+mod slim;
 pub mod status;
 
 use std::collections::BTreeMap;
@@ -34,14 +44,13 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
-use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use nad::NetworkAttachmentDefinition;
-pub use pod::{Incomplete, PodRef};
+use cache::{Cache, Feeder, Slim};
+pub use nad::{CachedNad, NetworkAttachmentDefinition};
+pub use pod::{Incomplete, PodMeta, PodRef, CONFIG_SOURCE_ANNOTATION};
 
 use crate::selection::pod::{self as planning, Cluster, DeviceIds, DevicesError, Nad};
 
@@ -128,16 +137,21 @@ pub struct PodInfo {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// Those the pod has of the annotations pod planning reads
+    /// (`selection::pod::POD_ANNOTATIONS`) and of
+    /// [`CONFIG_SOURCE_ANNOTATION`]; no others.
     pub annotations: BTreeMap<String, String>,
 }
 
 impl PodInfo {
-    fn from_meta(meta: &kube::core::ObjectMeta) -> Self {
+    /// From metadata decoded by [`PodMeta`] (other annotations already
+    /// left out).
+    fn from_meta(meta: kube::core::ObjectMeta) -> Self {
         Self {
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
-            uid: meta.uid.clone().unwrap_or_default(),
-            annotations: meta.annotations.clone().unwrap_or_default(),
+            namespace: meta.namespace.unwrap_or_default(),
+            name: meta.name.unwrap_or_default(),
+            uid: meta.uid.unwrap_or_default(),
+            annotations: meta.annotations.unwrap_or_default(),
         }
     }
 
@@ -145,7 +159,7 @@ impl PodInfo {
     /// in the API with a uid of its own; the runtime's uid never matches.
     pub fn is_static(&self) -> bool {
         self.annotations
-            .get("kubernetes.io/config.source")
+            .get(CONFIG_SOURCE_ANNOTATION)
             .is_some_and(|s| s != "api")
     }
 }
@@ -154,11 +168,10 @@ impl PodInfo {
 pub struct Source {
     client: kube::Client,
     config: Config,
-    pods: Store<PartialObjectMeta<Pod>>,
-    nads: Store<NetworkAttachmentDefinition>,
-    /// Set once each cache has its first full list. The stores' own
-    /// readiness future keeps one waker only, so exactly one task waits on
-    /// each and publishes here, where any number may look or wait.
+    pods: Arc<Cache<PodInfo>>,
+    nads: Arc<Cache<CachedNad>>,
+    /// Set once each cache has its first full list; any number of tasks
+    /// may look or wait.
     pods_synced: watch::Receiver<bool>,
     nads_synced: watch::Receiver<bool>,
     /// The last error of each cache's watch (with its whole chain of
@@ -264,23 +277,19 @@ impl Source {
         let client = kube::Client::try_from(client_config).map_err(Error::Client)?;
         let stop = CancellationToken::new();
 
-        let (pods, pods_writer) = reflector::store();
-        let pod_api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
-        let pod_watch = watcher(
-            pod_api,
-            watcher::Config::default().fields(&format!("spec.nodeName={}", config.node_name)),
-        );
+        let pods = Arc::new(Cache::default());
+        let pod_api: Api<PodMeta> = Api::all(client.clone());
+        let pod_watch = watcher(pod_api, pod_watch_config(&config.node_name));
         let errors = WatchErrors::default();
-        let pods_synced = spawn_reflector("pods", pod_watch, pods_writer, &pods, &errors, &stop);
+        let pods_synced = spawn_watch("pods", pod_watch, Feeder::new(pods.clone()), &errors, &stop);
 
-        let (nads, nads_writer) = reflector::store();
+        let nads = Arc::new(Cache::default());
         let nad_api: Api<NetworkAttachmentDefinition> = Api::all(client.clone());
         let nad_watch = watcher(nad_api, watcher::Config::default());
-        let nads_synced = spawn_reflector(
+        let nads_synced = spawn_watch(
             "network-attachment-definitions",
             nad_watch,
-            nads_writer,
-            &nads,
+            Feeder::new(nads.clone()),
             &errors,
             &stop,
         );
@@ -365,23 +374,27 @@ impl Source {
 
     /// The pod as the cache holds it, without asking the API.
     pub fn cached_pod(&self, namespace: &str, name: &str) -> Option<PodInfo> {
-        self.pods
-            .get(&ObjectRef::new(name).within(namespace))
-            .map(|p| PodInfo::from_meta(&p.metadata))
+        self.pods.get(namespace, name, PodInfo::clone)
     }
 
     async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, Error> {
-        let api: Api<PartialObjectMeta<Pod>> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<PodMeta> = Api::namespaced(self.client.clone(), namespace);
         match tokio::time::timeout(self.config.request_timeout, api.get_opt(name)).await {
             Err(_) => Err(Error::Timeout(self.config.request_timeout)),
             Ok(Err(e)) => Err(Error::Api(e)),
-            Ok(Ok(p)) => Ok(p.map(|p| PodInfo::from_meta(&p.metadata))),
+            Ok(Ok(p)) => Ok(p.map(|p| PodInfo::from_meta(p.metadata))),
         }
     }
 
-    /// A NetworkAttachmentDefinition from the cache.
-    pub fn nad(&self, namespace: &str, name: &str) -> Option<Arc<NetworkAttachmentDefinition>> {
-        self.nads.get(&ObjectRef::new(name).within(namespace))
+    /// A NetworkAttachmentDefinition from the cache, as pod planning
+    /// reads it.
+    pub fn nad(&self, namespace: &str, name: &str) -> Option<Nad> {
+        self.nads.get(namespace, name, CachedNad::to_nad)
+    }
+
+    /// How many pods and NADs the caches hold.
+    pub fn cached(&self) -> (usize, usize) {
+        (self.pods.len(), self.nads.len())
     }
 
     /// Writes the pod's `network-status` annotation: one merge patch of
@@ -411,10 +424,7 @@ impl Source {
 /// devices, both of which this source owns.
 impl Cluster for Source {
     fn network_attachment(&self, namespace: &str, name: &str) -> Option<Nad> {
-        self.nad(namespace, name).map(|nad| Nad {
-            config: nad.config().map(str::to_string),
-            resource_name: nad.resource_name().map(str::to_string),
-        })
+        self.nad(namespace, name)
     }
 
     async fn pod_devices(&self, pod: &planning::Pod<'_>) -> Result<DeviceIds, DevicesError> {
@@ -429,42 +439,41 @@ impl Cluster for Source {
     }
 }
 
+/// Process-wide, for a daemon with a Kubernetes source, before it starts:
+/// keeps the list pages' large buffers out of the heap the caches live in
+/// (see [`crate::memory::keep_large_buffers_off_the_heap`]). Changes the allocator's
+/// settings for the whole process.
+pub fn tune_allocator_for_lists() {
+    crate::memory::keep_large_buffers_off_the_heap();
+}
+
+/// The pods' watch: this node's only, selected by the API server (lists
+/// and watches alike).
+fn pod_watch_config(node_name: &str) -> watcher::Config {
+    watcher::Config::default().fields(&format!("spec.nodeName={node_name}"))
+}
+
 /// Runs a watch into a cache until `stop`; the receiver turns true (and a
-/// line is logged) when the cache has its first full list. Errors are logged (at most one line per
-/// distinct error in a row) and retried with backoff.
-fn spawn_reflector<K>(
+/// line is logged) when the cache has its first full list. Errors are
+/// logged (at most one line per distinct error in a row) and retried with
+/// backoff.
+fn spawn_watch<K>(
     what: &'static str,
     stream: impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    writer: reflector::store::Writer<K>,
-    store: &Store<K>,
+    mut feeder: Feeder<K>,
     errors: &WatchErrors,
     stop: &CancellationToken,
 ) -> watch::Receiver<bool>
 where
-    K: kube::Resource + Clone + Send + Sync + std::fmt::Debug + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+    K: Slim + Send + 'static,
+    K::Value: Send + Sync + 'static,
 {
     let stop = stop.clone();
     let (synced_tx, synced) = watch::channel(false);
-    {
-        let store = store.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                r = store.wait_until_ready() => {
-                    if r.is_ok() {
-                        synced_tx.send_replace(true);
-                        tracing::info!(cache = what, "Kubernetes cache synced");
-                    }
-                }
-            }
-        });
-    }
     let errors = errors.clone();
     tokio::spawn(async move {
         let mut last_error: Option<String> = None;
-        let events = stream.default_backoff().reflect(writer);
+        let events = stream.default_backoff();
         tokio::pin!(events);
         loop {
             let next = tokio::select! {
@@ -473,11 +482,22 @@ where
             };
             match next {
                 None => return,
-                // Sent before every (re)list, also one about to fail: not
-                // a sign of recovery.
-                Some(Ok(watcher::Event::Init)) => {}
-                Some(Ok(_)) => {
-                    if last_error.take().is_some() {
+                Some(Ok(event)) => {
+                    // Sent before every (re)list, also one about to fail:
+                    // not a sign of recovery.
+                    let init = matches!(event, watcher::Event::Init);
+                    if feeder.apply(event) {
+                        crate::memory::release_free_memory();
+                        if !*synced_tx.borrow() {
+                            synced_tx.send_replace(true);
+                            tracing::info!(
+                                cache = what,
+                                objects = feeder.len(),
+                                "Kubernetes cache synced"
+                            );
+                        }
+                    }
+                    if !init && last_error.take().is_some() {
                         errors
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -506,6 +526,13 @@ where
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pods_should_be_selected_by_this_node_in_lists_and_watches() {
+        let c = super::pod_watch_config("node-a");
+        assert_eq!(c.field_selector.as_deref(), Some("spec.nodeName=node-a"));
+        assert_eq!(c.label_selector, None);
+    }
+
     #[derive(Debug, thiserror::Error)]
     #[error("client error (Connect)")]
     struct Connect(#[source] std::io::Error);

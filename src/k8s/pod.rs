@@ -1,5 +1,95 @@
 //! Which pod a CNI call is for: the `K8S_POD_*` keys a Kubernetes runtime
-//! puts in `CNI_ARGS` (containerd and CRI-O both do).
+//! puts in `CNI_ARGS` (containerd and CRI-O both do); and a pod as the
+//! cache and the GET of a missing pod read it ([`PodMeta`]).
+
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Deserializer};
+
+use super::cache::{Slim, Texts};
+use super::PodInfo;
+use crate::selection::pod::POD_ANNOTATIONS;
+
+/// The annotation that tells a static pod's mirror object
+/// ([`PodInfo::is_static`]).
+pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+
+/// The annotations a pod is decoded with: those pod planning reads and
+/// the static pod marker.
+const KEPT_ANNOTATIONS: [&str; POD_ANNOTATIONS.len() + 1] = {
+    let mut kept = [CONFIG_SOURCE_ANNOTATION; POD_ANNOTATIONS.len() + 1];
+    let mut i = 0;
+    while i < POD_ANNOTATIONS.len() {
+        kept[i] = POD_ANNOTATIONS[i];
+        i += 1;
+    }
+    kept
+};
+
+/// A pod's metadata, asked for as `PartialObjectMetadata` (the API server
+/// sends no spec or status) and decoded down to name, namespace, uid,
+/// resourceVersion and the annotations Plexus reads.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct PodMeta {
+    #[serde(default, deserialize_with = "metadata")]
+    pub metadata: ObjectMeta,
+}
+
+fn metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    super::slim::decode_meta(d, &KEPT_ANNOTATIONS)
+}
+
+impl kube::Resource for PodMeta {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    /// Requests for it ask for metadata only.
+    fn metadata_api() -> bool {
+        true
+    }
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Slim for PodMeta {
+    type Value = PodInfo;
+
+    fn key(&self) -> (&str, &str) {
+        (
+            self.metadata.namespace.as_deref().unwrap_or_default(),
+            self.metadata.name.as_deref().unwrap_or_default(),
+        )
+    }
+
+    fn into_value(self, _: &mut Texts) -> PodInfo {
+        PodInfo::from_meta(self.metadata)
+    }
+
+    fn release(_: PodInfo, _: &mut Texts) {}
+}
 
 /// The pod a call names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +156,50 @@ impl PodRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::Resource;
+
+    #[test]
+    fn pods_should_be_asked_for_as_metadata_and_kept_slim() {
+        assert_eq!(PodMeta::url_path(&(), None), "/api/v1/pods");
+        assert!(PodMeta::metadata_api());
+        let pod: PodMeta = serde_json::from_value(serde_json::json!({
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {
+                "name": "p", "namespace": "ns", "uid": "u", "resourceVersion": "5",
+                "labels": {"app": "x"},
+                "annotations": {
+                    "k8s.v1.cni.cncf.io/networks": "net1",
+                    "v1.multus-cni.io/default-network": "ns/def",
+                    "kubernetes.io/config.source": "file",
+                    "kubernetes.io/config.seen": "2025-01-01T00:00:00Z",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{}",
+                },
+                "managedFields": [{"manager": "kubelet"}],
+                "ownerReferences": [{"kind": "ReplicaSet", "name": "rs"}],
+            },
+        }))
+        .unwrap();
+        let info = pod.into_value(&mut Texts::default());
+        assert_eq!(
+            (
+                info.namespace.as_str(),
+                info.name.as_str(),
+                info.uid.as_str()
+            ),
+            ("ns", "p", "u")
+        );
+        let kept: Vec<&str> = info.annotations.keys().map(String::as_str).collect();
+        assert_eq!(
+            kept,
+            [
+                "k8s.v1.cni.cncf.io/networks",
+                "kubernetes.io/config.source",
+                "v1.multus-cni.io/default-network"
+            ]
+        );
+        assert!(info.is_static());
+    }
 
     fn pairs(text: &str) -> Vec<(String, String)> {
         text.split(';')

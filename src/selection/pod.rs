@@ -35,6 +35,17 @@ pub struct Nad {
     pub resource_name: Option<String>,
 }
 
+/// Every pod annotation planning reads ([`Pod::annotations`] needs no
+/// others): a cache of pods may keep these and drop the rest.
+pub const POD_ANNOTATIONS: [&str; 2] = [
+    annotation::NETWORKS_ANNOTATION,
+    annotation::DEFAULT_NETWORK_ANNOTATION,
+];
+
+/// The NAD annotation naming the device plugin resource a network's
+/// devices come from ([`Nad::resource_name`]).
+pub const RESOURCE_NAME_ANNOTATION: &str = "k8s.v1.cni.cncf.io/resourceName";
+
 /// The devices the kubelet gave a pod: device IDs by resource name.
 pub type DeviceIds = BTreeMap<String, Vec<String>>;
 
@@ -96,11 +107,18 @@ pub struct Pod<'a> {
     pub name: &'a str,
     /// The uid the API holds (the kubelet's checkpoint is keyed by it).
     pub uid: &'a str,
+    /// At least those of [`POD_ANNOTATIONS`] the pod has.
     pub annotations: &'a BTreeMap<String, String>,
 }
 
 impl Pod<'_> {
     fn annotation(&self, key: &str) -> Option<&str> {
+        // A cache of pods keeps only these: one read here that is not
+        // listed would see nothing there.
+        debug_assert!(
+            POD_ANNOTATIONS.contains(&key),
+            "{key} is not in POD_ANNOTATIONS"
+        );
         self.annotations.get(key).map(String::as_str)
     }
 

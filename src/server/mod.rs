@@ -339,7 +339,7 @@ impl<H> Drop for Finished<'_, H> {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async {
                     tokio::time::sleep(TRIM_DELAY).await;
-                    let _ = tokio::task::spawn_blocking(crate::limit::release_free_memory).await;
+                    let _ = tokio::task::spawn_blocking(crate::memory::release_free_memory).await;
                 });
             }
         }

@@ -44,7 +44,13 @@ fn pod_gets(log: &[Logged], name: &str) -> usize {
 fn caches_should_hold_this_nodes_pod_metadata_and_every_nad() {
     let dir = TestDir::new("k8s-sync");
     let api = FakeApi::start();
-    api.put_pod("ns1", "here", "uid-here", NODE, json!({"a": "1"}));
+    api.put_pod(
+        "ns1",
+        "here",
+        "uid-here",
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": "net", "unread": "1"}),
+    );
     api.put_pod("ns1", "there", "uid-there", "node-2", json!({}));
     api.put_nad("ns2", "net", Some(r#"{"type":"bridge"}"#), json!({}));
     let rt = runtime();
@@ -58,14 +64,17 @@ fn caches_should_hold_this_nodes_pod_metadata_and_every_nad() {
             .unwrap()
             .unwrap();
         assert_eq!(pod.uid, "uid-here");
-        assert_eq!(pod.annotations["a"], "1");
+        // Only what selection reads is kept.
+        assert_eq!(pod.annotations["k8s.v1.cni.cncf.io/networks"], "net");
+        assert!(!pod.annotations.contains_key("unread"), "{pod:?}");
         assert_eq!(
             api.calls_since(mark).len(),
             0,
             "a cached pod cost an API call"
         );
         let nad = source.nad("ns2", "net").unwrap();
-        assert_eq!(nad.config(), Some(r#"{"type":"bridge"}"#));
+        assert_eq!(nad.config.as_deref(), Some(r#"{"type":"bridge"}"#));
+        assert_eq!(source.cached(), (1, 1));
         assert!(source.nad("ns1", "net").is_none());
     });
     let log = api.log();
@@ -101,14 +110,24 @@ fn a_pod_missing_from_the_cache_should_cost_one_get() {
         assert!(source.wait_synced(T).await);
         // Not on this node's watch: only a GET can find it, as for a pod
         // created moments ago that the watch has not delivered.
-        api.put_pod("ns", "fresh", "u1", "node-9", json!({"x": "y"}));
+        api.put_pod(
+            "ns",
+            "fresh",
+            "u1",
+            "node-9",
+            json!({"v1.multus-cni.io/default-network": "ns/def", "x": "y"}),
+        );
         let mark = api.mark();
         let pod = source
             .pod("ns", "fresh", Some("u1"))
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(pod.annotations["x"], "y");
+        assert_eq!(
+            pod.annotations["v1.multus-cni.io/default-network"],
+            "ns/def"
+        );
+        assert!(!pod.annotations.contains_key("x"), "{pod:?}");
         let calls = api.calls_since(mark);
         assert_eq!(calls.len(), 1, "{calls:?}");
         assert_eq!(pod_gets(&calls, "fresh"), 1);

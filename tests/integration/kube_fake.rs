@@ -1,7 +1,9 @@
 //! The test Kubernetes API server speaks the wire format clients depend
-//! on: lists with resourceVersion, field selectors, metadata-only answers,
-//! watch streams with bookmarks and 410 Expired, status patches, Status
-//! errors and outages. Checked with curl, an independent HTTP client.
+//! on: lists with resourceVersion, pages (`limit`, `continue`), field
+//! selectors, metadata-only answers, watch streams with bookmarks and 410
+//! Expired, status patches, Status errors and outages; a made-up large
+//! cluster is listed, watched and changed like stored objects. Checked
+//! with curl, an independent HTTP client.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -9,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::kube::FakeApi;
+use crate::support::kube::{BulkConfigs, BulkSpec, FakeApi};
 
 const METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
 
@@ -279,4 +281,171 @@ fn injected_failures_and_outages_should_be_what_clients_see() {
     assert!(!waiting.is_finished(), "a stalled server answered");
     api.stall(false);
     assert_eq!(waiting.join().unwrap(), 200);
+}
+
+/// Every page of a list, following `continue`: (names as `ns/name`, the
+/// pages' resourceVersions, how many pages).
+fn list_pages(url: &str, limit: usize, accept: Option<&str>) -> (Vec<String>, Vec<String>, usize) {
+    let (mut names, mut rvs, mut pages) = (Vec::new(), Vec::new(), 0);
+    let mut token: Option<String> = None;
+    loop {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let mut page_url = format!("{url}{sep}limit={limit}");
+        if let Some(t) = &token {
+            page_url.push_str(&format!("&continue={t}"));
+        }
+        let header = accept.map(|a| format!("Accept: {a}"));
+        let mut args: Vec<&str> = Vec::new();
+        if let Some(h) = &header {
+            args.extend(["-H", h]);
+        }
+        args.push(&page_url);
+        let (status, list) = curl(&args);
+        assert_eq!(status, 200, "{list}");
+        pages += 1;
+        let items = list["items"].as_array().unwrap();
+        assert!(items.len() <= limit, "a page longer than its limit");
+        for o in items {
+            names.push(format!(
+                "{}/{}",
+                o["metadata"]["namespace"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            ));
+        }
+        rvs.push(
+            list["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+        match list["metadata"]["continue"].as_str() {
+            Some(t) if !t.is_empty() => token = Some(t.to_string()),
+            _ => break,
+        }
+        assert!(pages < 100, "the pages never end");
+    }
+    (names, rvs, pages)
+}
+
+#[test]
+fn lists_should_page_with_limit_and_continue_over_made_up_and_stored_objects() {
+    let api = FakeApi::start();
+    api.fill(BulkSpec {
+        namespaces: 3,
+        nads_per_namespace: 4,
+        pods: 30,
+        pods_on_node: 5,
+        node: "node-1".into(),
+        configs: BulkConfigs::Distinct,
+    });
+    // Stored objects sort among the made-up ones; a made-up one that was
+    // changed is listed once, a deleted one not at all.
+    api.put_nad("ns-1", "net-1a", Some("{}"), json!({}));
+    api.put_nad("ns-0", "net-2", Some(r#"{"changed":true}"#), json!({}));
+    assert!(api.delete_nad("ns-2", "net-0"));
+    let base = format!(
+        "{}/apis/k8s.cni.cncf.io/v1/network-attachment-definitions",
+        api.url()
+    );
+    let (names, rvs, pages) = list_pages(&base, 5, None);
+    let mut want: Vec<String> = (0..3)
+        .flat_map(|n| (0..4).map(move |j| format!("ns-{n}/net-{j}")))
+        .filter(|k| k != "ns-2/net-0")
+        .collect();
+    want.push("ns-1/net-1a".into());
+    want.sort();
+    assert_eq!(names, want);
+    assert_eq!(pages, 3);
+    assert!(
+        rvs.iter().all(|rv| *rv == rvs[0]),
+        "pages of one list at other versions: {rvs:?}"
+    );
+    let (_, whole) = curl(&[&base]);
+    assert!(whole["metadata"].get("continue").is_none());
+    let changed = whole["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["metadata"]["name"] == "net-2" && o["metadata"]["namespace"] == "ns-0")
+        .unwrap();
+    assert_eq!(changed["spec"]["config"], r#"{"changed":true}"#);
+    let made_up = &whole["items"][0];
+    assert_eq!(made_up["kind"], "NetworkAttachmentDefinition");
+    let config: Value = serde_json::from_str(made_up["spec"]["config"].as_str().unwrap()).unwrap();
+    assert_eq!(config["name"], "net-0");
+    assert!(made_up["metadata"]["managedFields"].is_array());
+
+    // One namespace, and pods by node, metadata only.
+    let (names, _, _) = list_pages(
+        &format!(
+            "{}/apis/k8s.cni.cncf.io/v1/namespaces/ns-1/network-attachment-definitions",
+            api.url()
+        ),
+        2,
+        None,
+    );
+    assert_eq!(
+        names,
+        [
+            "ns-1/net-0",
+            "ns-1/net-1",
+            "ns-1/net-1a",
+            "ns-1/net-2",
+            "ns-1/net-3"
+        ]
+    );
+    let pods = format!(
+        "{}/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-1",
+        api.url()
+    );
+    let (names, _, _) = list_pages(&pods, 2, Some(METADATA_LIST));
+    assert_eq!(names.len(), 5, "{names:?}");
+    let (all, _, _) = list_pages(&format!("{}/api/v1/pods", api.url()), 7, None);
+    assert_eq!(all.len(), 30);
+    let (_, pod) = curl(&[&format!("{}/api/v1/namespaces/ns-0/pods/pod-0", api.url())]);
+    assert_eq!(pod["spec"]["nodeName"], "node-1");
+    let pods_sent = api.pod_traffic();
+    assert_eq!(pods_sent.list_items, 5 + 30, "{pods_sent:?}");
+
+    // A watch sees changes of made-up objects; the counters see the bytes.
+    let before = api.nad_traffic();
+    assert!(before.lists >= 4 && before.list_bytes > 0, "{before:?}");
+    let rv = &rvs[0];
+    let mut w = Watch::open(&format!("{base}?watch=true&resourceVersion={rv}"), None);
+    wait_watchers(&api, 1);
+    assert!(api.delete_nad("ns-0", "net-3"));
+    let e = w.next();
+    assert_eq!(
+        (e["type"].as_str(), e["object"]["metadata"]["name"].as_str()),
+        (Some("DELETED"), Some("net-3"))
+    );
+    let after = api.nad_traffic() - before;
+    assert_eq!((after.watches, after.watch_events), (1, 1), "{after:?}");
+    assert!(after.watch_bytes > 100, "{after:?}");
+
+    // A continue token older than the history kept is 410 Expired.
+    let (_, first) = curl(&[&format!("{base}?limit=2")]);
+    let token = first["metadata"]["continue"].as_str().unwrap().to_string();
+    api.expire_watches();
+    let (status, gone) = curl(&[&format!("{base}?limit=2&continue={token}")]);
+    assert_eq!((status, gone["reason"].as_str()), (410, Some("Expired")));
+    assert!(api.first_answer().is_some());
+
+    // Copied configs: a NAD name has the same config in every namespace.
+    api.fill(BulkSpec {
+        namespaces: 3,
+        nads_per_namespace: 4,
+        pods: 0,
+        pods_on_node: 0,
+        node: "node-1".into(),
+        configs: BulkConfigs::Copied,
+    });
+    let config = |ns: &str| {
+        let (_, o) = curl(&[&format!(
+            "{}/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions/net-1",
+            api.url()
+        )]);
+        o["spec"]["config"].as_str().unwrap().to_string()
+    };
+    assert_eq!(config("ns-0"), config("ns-2"));
 }

@@ -5,6 +5,14 @@
 //! - lists with `metadata.resourceVersion`, full objects or, when the
 //!   client asks with `Accept: application/json;as=PartialObjectMetadataList;
 //!   g=meta.k8s.io;v=v1`, metadata only;
+//! - pages: `limit=N` answers at most N items and, when more remain,
+//!   `metadata.continue`, an opaque token (base64 of the API server's
+//!   `{"v":"meta.k8s.io/v1","rv":..,"start":..}`) that the next request
+//!   passes as `continue`; every page carries the first page's
+//!   resourceVersion, and a token older than the kept history is 410
+//!   `Expired`. Unlike etcd, a later page shows the objects as they are
+//!   now, not as they were at the first page: changes in between reach
+//!   the client again through its watch from that resourceVersion;
 //! - `fieldSelector=spec.nodeName=<node>` and `metadata.name=<name>` on pods;
 //! - watches (`watch=true`, `resourceVersion`, `allowWatchBookmarks`,
 //!   `timeoutSeconds`) as a chunked stream of `{"type":..,"object":..}`
@@ -16,25 +24,32 @@
 //!   `metadata.uid` is 422 Invalid (the field is immutable);
 //! - errors as `Status` objects.
 //!
-//! Tests steer it: add, change and delete objects; fail the next requests
+//! Tests steer it: add, change and delete objects; fill it with a large
+//! cluster made up on demand ([`BulkSpec`]: 100,000 objects cost a few
+//! integers); count what it sent ([`FakeApi::nad_traffic`]); fail the next requests
 //! with a status; stall requests; expire watches; go down (connections
 //! refused) and come back on the same port; and read the log of requests
 //! to count API calls.
 //!
 //! Here: the server, its state and the steering; `requests`: answering one
-//! request; `wire`: the wire format's pieces.
+//! request; `wire`: the wire format's pieces; `bulk`: the made-up cluster.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
+mod bulk;
 mod requests;
 mod wire;
+
+use bulk::Bulk;
+pub use bulk::{BulkConfigs, BulkSpec};
 
 use requests::handle;
 
@@ -71,6 +86,8 @@ pub struct Logged {
     pub body: Vec<u8>,
     /// When it arrived.
     pub at: std::time::Instant,
+    /// When its answer (a whole body, or a watch's headers) was ready.
+    pub answered: Option<std::time::Instant>,
 }
 
 impl Logged {
@@ -90,6 +107,87 @@ impl std::fmt::Debug for Logged {
             .field("body", &String::from_utf8_lossy(&self.body))
             .field("age", &self.at.elapsed())
             .finish()
+    }
+}
+
+/// What the server sent for one resource: lists (pages) and watches.
+#[derive(Debug, Default)]
+struct Counters {
+    lists: AtomicU64,
+    list_items: AtomicU64,
+    list_bytes: AtomicU64,
+    watches: AtomicU64,
+    /// ADDED, MODIFIED, DELETED and ERROR lines (not BOOKMARKs).
+    watch_events: AtomicU64,
+    watch_bookmarks: AtomicU64,
+    /// Every line of every watch stream, bookmarks included.
+    watch_bytes: AtomicU64,
+}
+
+/// A reading of [`Counters`]: bodies' bytes as sent, before any chunked
+/// framing or TCP.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// List requests answered 200 (each page counts).
+    pub lists: u64,
+    pub list_items: u64,
+    pub list_bytes: u64,
+    /// Watches opened.
+    pub watches: u64,
+    pub watch_events: u64,
+    pub watch_bookmarks: u64,
+    pub watch_bytes: u64,
+}
+
+impl Counters {
+    fn read(&self) -> Traffic {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Traffic {
+            lists: r(&self.lists),
+            list_items: r(&self.list_items),
+            list_bytes: r(&self.list_bytes),
+            watches: r(&self.watches),
+            watch_events: r(&self.watch_events),
+            watch_bookmarks: r(&self.watch_bookmarks),
+            watch_bytes: r(&self.watch_bytes),
+        }
+    }
+
+    fn add(a: &AtomicU64, n: usize) {
+        a.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Sub for Traffic {
+    type Output = Traffic;
+
+    fn sub(self, o: Traffic) -> Traffic {
+        Traffic {
+            lists: self.lists - o.lists,
+            list_items: self.list_items - o.list_items,
+            list_bytes: self.list_bytes - o.list_bytes,
+            watches: self.watches - o.watches,
+            watch_events: self.watch_events - o.watch_events,
+            watch_bookmarks: self.watch_bookmarks - o.watch_bookmarks,
+            watch_bytes: self.watch_bytes - o.watch_bytes,
+        }
+    }
+}
+
+/// Both resources' counters, shared with the watch streams' tasks.
+#[derive(Debug, Default)]
+struct TrafficCounters {
+    pods: Counters,
+    nads: Counters,
+}
+
+impl TrafficCounters {
+    fn of(&self, resource: &str) -> &Counters {
+        if resource == PODS {
+            &self.pods
+        } else {
+            &self.nads
+        }
     }
 }
 
@@ -130,6 +228,12 @@ struct State {
     /// Some(token): requests without `Authorization: Bearer <token>` get
     /// 401 Unauthorized.
     required_token: Option<String>,
+    /// Objects made up on demand, under those in `objects`.
+    bulk: Option<Bulk>,
+    /// Made-up objects changed or deleted since: `objects` holds what is
+    /// left of them.
+    overridden: HashSet<(&'static str, String, String)>,
+    traffic: Arc<TrafficCounters>,
 }
 
 #[derive(Debug)]
@@ -308,9 +412,32 @@ impl FakeApi {
     /// The stored pod, as a GET would return it.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
         let s = self.lock();
-        s.objects
-            .get(&(PODS, namespace.to_string(), name.to_string()))
-            .map(|o| s.full(PODS, o))
+        s.get(PODS, namespace, name).map(|o| s.full(PODS, &o))
+    }
+
+    /// Adds a large cluster made up on demand (see [`BulkSpec`]), all at
+    /// one new resourceVersion; objects put, changed or deleted by name
+    /// later take precedence. Replaces an earlier fill.
+    pub fn fill(&self, spec: BulkSpec) {
+        let mut s = self.lock();
+        let rv = s.next_rv();
+        s.bulk = Some(Bulk::new(spec, rv));
+        s.overridden.clear();
+    }
+
+    /// What the server sent of the NetworkAttachmentDefinitions so far.
+    pub fn nad_traffic(&self) -> Traffic {
+        self.lock().traffic.nads.read()
+    }
+
+    /// What the server sent of the pods so far.
+    pub fn pod_traffic(&self) -> Traffic {
+        self.lock().traffic.pods.read()
+    }
+
+    /// When the server first answered a request.
+    pub fn first_answer(&self) -> Option<std::time::Instant> {
+        self.lock().log.iter().filter_map(|r| r.answered).min()
     }
 
     /// Every request so far.
@@ -432,22 +559,60 @@ impl State {
         self.rv
     }
 
+    /// The index of a made-up object that nothing has overridden.
+    fn bulk_index(&self, resource: &'static str, namespace: &str, name: &str) -> Option<usize> {
+        let i = self.bulk.as_ref()?.find(resource, namespace, name)?;
+        let key = (resource, namespace.to_string(), name.to_string());
+        (!self.overridden.contains(&key)).then_some(i)
+    }
+
+    /// The object as stored (made up or not).
+    fn get(&self, resource: &'static str, namespace: &str, name: &str) -> Option<Value> {
+        let key = (resource, namespace.to_string(), name.to_string());
+        if let Some(o) = self.objects.get(&key) {
+            return Some(o.clone());
+        }
+        let i = self.bulk_index(resource, namespace, name)?;
+        let text = self.bulk.as_ref()?.render(resource, i, false);
+        serde_json::from_str(&text).ok()
+    }
+
     fn put(&mut self, resource: &'static str, namespace: &str, name: &str, mut object: Value) {
         let rv = self.next_rv();
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
         let key = (resource, namespace.to_string(), name.to_string());
-        let kind = if self.objects.contains_key(&key) {
+        let kind = if self.objects.contains_key(&key)
+            || self.bulk_index(resource, namespace, name).is_some()
+        {
             "MODIFIED"
         } else {
             "ADDED"
         };
+        if self
+            .bulk
+            .as_ref()
+            .and_then(|b| b.find(resource, namespace, name))
+            .is_some()
+        {
+            self.overridden.insert(key.clone());
+        }
         self.objects.insert(key, object.clone());
         self.record(rv, resource, kind, object);
     }
 
     fn delete(&mut self, resource: &'static str, namespace: &str, name: &str) -> bool {
         let key = (resource, namespace.to_string(), name.to_string());
-        let Some(mut object) = self.objects.remove(&key) else {
+        let object = match self.objects.remove(&key) {
+            Some(o) => Some(o),
+            None => {
+                let made_up = self.get(resource, namespace, name);
+                if made_up.is_some() {
+                    self.overridden.insert(key.clone());
+                }
+                made_up
+            }
+        };
+        let Some(mut object) = object else {
             return false;
         };
         let rv = self.next_rv();

@@ -13,15 +13,35 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use super::wire::{
-    as_metadata, decode, error, merge_patch, metadata_only, query_param, reason_for, reply, route,
-    selected, status_object, stream_reply, Reply, Target,
+    as_metadata, continue_token, decode, error, merge_patch, metadata_only, parse_continue,
+    query_param, reason_for, reply, reply_text, route, selected, selected_by, status_object,
+    stream_reply, Reply, Target,
 };
-use super::{kind_of, Event, Logged, State, WatchMsg, PODS};
+use super::{kind_of, Counters, Event, Logged, State, TrafficCounters, WatchMsg, PODS};
 
 pub(super) async fn handle(
     req: Request<Incoming>,
     state: Arc<Mutex<State>>,
+    stalled: watch::Receiver<bool>,
+) -> Result<Reply, Infallible> {
+    let mut logged_at = None;
+    let answer = answer(req, &state, stalled, &mut logged_at).await;
+    if let Some(i) = logged_at {
+        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = s.log.get_mut(i) {
+            r.answered = Some(std::time::Instant::now());
+        }
+    }
+    answer
+}
+
+/// The answer to `req`; `logged_at` is set to the request's place in the
+/// log.
+async fn answer(
+    req: Request<Incoming>,
+    state: &Mutex<State>,
     mut stalled: watch::Receiver<bool>,
+    logged_at: &mut Option<usize>,
 ) -> Result<Reply, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -47,6 +67,7 @@ pub(super) async fn handle(
         accept: accept.clone(),
         body: body.clone(),
         at: std::time::Instant::now(),
+        answered: None,
     };
     let is_watch = logged.is_watch();
     let is_list =
@@ -54,6 +75,7 @@ pub(super) async fn handle(
     let (injected, list_delay, authorized) = {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         s.log.push(logged);
+        *logged_at = Some(s.log.len() - 1);
         let authorized = s
             .required_token
             .as_ref()
@@ -88,12 +110,12 @@ pub(super) async fn handle(
     match (method, target.name.clone()) {
         (Method::GET, Some(name)) => {
             let ns = target.namespace.clone().unwrap_or_default();
-            match s.objects.get(&(target.resource, ns, name.clone())) {
+            match s.get(target.resource, &ns, &name) {
                 Some(o) => {
                     let o = if meta {
-                        as_metadata(o)
+                        as_metadata(&o)
                     } else {
-                        s.full(target.resource, o)
+                        s.full(target.resource, &o)
                     };
                     Ok(reply(200, &o))
                 }
@@ -105,34 +127,7 @@ pub(super) async fn handle(
             }
         }
         (Method::GET, None) if is_watch => Ok(start_watch(&mut s, &target, &query, meta)),
-        (Method::GET, None) => {
-            let field_selector = query_param(&query, "fieldSelector").map(decode);
-            let items: Vec<Value> = s
-                .objects
-                .iter()
-                .filter(|((r, ns, _), _)| {
-                    *r == target.resource && target.namespace.as_ref().is_none_or(|want| want == ns)
-                })
-                .map(|(_, o)| o)
-                .filter(|o| selected(o, field_selector.as_deref()))
-                .map(|o| if meta { as_metadata(o) } else { o.clone() })
-                .collect();
-            let (kind, api_version) = kind_of(target.resource);
-            let (kind, api_version) = if meta {
-                ("PartialObjectMetadataList".to_string(), "meta.k8s.io/v1")
-            } else {
-                (format!("{kind}List"), api_version)
-            };
-            Ok(reply(
-                200,
-                &json!({
-                    "kind": kind,
-                    "apiVersion": api_version,
-                    "metadata": {"resourceVersion": s.rv.to_string()},
-                    "items": items,
-                }),
-            ))
-        }
+        (Method::GET, None) => Ok(list(&s, &target, &query, meta)),
         (Method::PATCH, Some(name)) if target.status => {
             let ns = target.namespace.clone().unwrap_or_default();
             let ct = content_type.unwrap_or_default();
@@ -149,7 +144,7 @@ pub(super) async fn handle(
                 return Ok(error(400, "BadRequest", "the patch is not JSON"));
             };
             let key = (PODS, ns.clone(), name.clone());
-            let Some(mut pod) = s.objects.get(&key).cloned() else {
+            let Some(mut pod) = s.get(PODS, &ns, &name) else {
                 return Ok(error(
                     404,
                     "NotFound",
@@ -182,6 +177,150 @@ pub(super) async fn handle(
     }
 }
 
+/// Where a listed object comes from.
+enum Item<'a> {
+    Stored(&'a Value),
+    MadeUp(usize),
+}
+
+/// A list (one page of it with `limit`), as JSON text: the stored objects
+/// and the made-up ones merged in the API server's order (namespace,
+/// name), from where the `continue` token says.
+fn list(s: &State, target: &Target, query: &str, meta: bool) -> Reply {
+    let resource = target.resource;
+    let field_selector = query_param(query, "fieldSelector").map(decode);
+    let limit = query_param(query, "limit")
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let (rv, start) = match query_param(query, "continue").map(decode) {
+        None => (s.rv, (String::new(), String::new())),
+        Some(token) if token.is_empty() => (s.rv, (String::new(), String::new())),
+        Some(token) => match parse_continue(&token) {
+            Some((rv, _)) if rv < s.oldest_rv => {
+                return error(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list \
+                     result. You can start a new list without the continue parameter.",
+                )
+            }
+            Some(found) => found,
+            None => return error(400, "BadRequest", "invalid continue token"),
+        },
+    };
+    let start = match &target.namespace {
+        Some(ns) if *ns > start.0 => (ns.clone(), String::new()),
+        _ => start,
+    };
+    let in_namespace = |ns: &str| target.namespace.as_deref().is_none_or(|want| want == ns);
+    let mut stored = s
+        .objects
+        .range((resource, start.0.clone(), start.1.clone())..)
+        .take_while(|((r, ns, _), _)| *r == resource && in_namespace(ns))
+        .map(|((_, ns, name), o)| ((ns.as_str(), name.as_str()), o))
+        .peekable();
+    let bulk = s.bulk.as_ref();
+    let count = bulk.map_or(0, |b| b.count(resource));
+    let mut next_made_up = bulk.map_or(0, |b| b.lower_bound(resource, &start.0, &start.1));
+    let made_up_key = |i: &mut usize| -> Option<(String, String)> {
+        let b = bulk?;
+        while *i < count {
+            let key = b.key(resource, *i);
+            if !in_namespace(&key.0) {
+                return None;
+            }
+            if !s
+                .overridden
+                .contains(&(resource, key.0.clone(), key.1.clone()))
+            {
+                return Some(key);
+            }
+            *i += 1;
+        }
+        None
+    };
+    let mut items: Vec<String> = Vec::new();
+    let mut last: Option<(String, String)> = None;
+    let mut more = false;
+    loop {
+        let made_up = made_up_key(&mut next_made_up);
+        let (key, item) = match (stored.peek(), made_up) {
+            (None, None) => break,
+            (Some((k, o)), m)
+                if m.as_ref()
+                    .is_none_or(|m| *k <= (m.0.as_str(), m.1.as_str())) =>
+            {
+                let k = (k.0.to_string(), k.1.to_string());
+                let item = Item::Stored(o);
+                stored.next();
+                (k, item)
+            }
+            (_, Some(m)) => {
+                let item = Item::MadeUp(next_made_up);
+                next_made_up += 1;
+                (m, item)
+            }
+            (_, None) => break,
+        };
+        if limit.is_some_and(|l| items.len() >= l) {
+            more = true;
+            break;
+        }
+        let wanted = match &item {
+            Item::Stored(o) => selected(o, field_selector.as_deref()),
+            Item::MadeUp(i) => bulk.is_some_and(|b| {
+                let f = b.fields(resource, *i);
+                selected_by(
+                    |field| match field {
+                        "metadata.name" => Some(f.name.clone()),
+                        "metadata.namespace" => Some(f.namespace.clone()),
+                        "spec.nodeName" => f.node.clone(),
+                        _ => None,
+                    },
+                    field_selector.as_deref(),
+                )
+            }),
+        };
+        if wanted {
+            items.push(match item {
+                Item::Stored(o) if meta => as_metadata(o).to_string(),
+                Item::Stored(o) => o.to_string(),
+                Item::MadeUp(i) => bulk
+                    .map(|b| b.render(resource, i, meta))
+                    .unwrap_or_default(),
+            });
+        }
+        last = Some(key);
+    }
+    let (kind, api_version) = kind_of(resource);
+    let (kind, api_version) = if meta {
+        ("PartialObjectMetadataList".to_string(), "meta.k8s.io/v1")
+    } else {
+        (format!("{kind}List"), api_version)
+    };
+    let continued = match (more, &last) {
+        (true, Some((ns, name))) => format!(r#","continue":"{}""#, continue_token(rv, ns, name)),
+        _ => String::new(),
+    };
+    let size: usize = items.iter().map(|i| i.len() + 1).sum();
+    let mut body = String::with_capacity(size + 200);
+    body.push_str(&format!(
+        r#"{{"kind":"{kind}","apiVersion":"{api_version}","metadata":{{"resourceVersion":"{rv}"{continued}}},"items":["#
+    ));
+    for (n, i) in items.iter().enumerate() {
+        if n > 0 {
+            body.push(',');
+        }
+        body.push_str(i);
+    }
+    body.push_str("]}");
+    let c = s.traffic.of(resource);
+    Counters::add(&c.lists, 1);
+    Counters::add(&c.list_items, items.len());
+    Counters::add(&c.list_bytes, body.len());
+    reply_text(200, body)
+}
+
 fn start_watch(s: &mut State, target: &Target, query: &str, meta: bool) -> Reply {
     let from: u64 = query_param(query, "resourceVersion")
         .and_then(|v| v.parse().ok())
@@ -193,6 +332,12 @@ fn start_watch(s: &mut State, target: &Target, query: &str, meta: bool) -> Reply
         .map(Duration::from_secs);
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
     let resource = target.resource;
+    let tx = WatchOut {
+        tx,
+        traffic: s.traffic.clone(),
+        resource,
+    };
+    Counters::add(&s.traffic.of(resource).watches, 1);
     let namespace = target.namespace.clone();
     let line = move |kind: &str, object: Value| {
         let mut l = json!({"type": kind, "object": object}).to_string();
@@ -210,7 +355,7 @@ fn start_watch(s: &mut State, target: &Target, query: &str, meta: bool) -> Reply
         )
     };
     if from + 1 < s.oldest_rv && from != 0 {
-        let _ = tx.send(expired(from, s.oldest_rv));
+        let _ = tx.send(expired(from, s.oldest_rv), false);
         return stream_reply(rx);
     }
     let wanted = {
@@ -240,7 +385,7 @@ fn start_watch(s: &mut State, target: &Target, query: &str, meta: bool) -> Reply
     let held_from = s.held.as_ref().and_then(|h| h.first()).map(|e| e.rv);
     let history = |e: &&Event| e.rv > from && held_from.is_none_or(|h| e.rv < h);
     for e in s.events.iter().filter(history).filter(|e| wanted(e)) {
-        let _ = tx.send(line(e.kind, shape(e)));
+        let _ = tx.send(line(e.kind, shape(e)), false);
     }
     let (wtx, mut wrx) = mpsc::unbounded_channel::<WatchMsg>();
     s.watchers.push(wtx);
@@ -263,7 +408,7 @@ fn start_watch(s: &mut State, target: &Target, query: &str, meta: bool) -> Reply
                     if !wanted(&e) {
                         continue;
                     }
-                    tx.send(line(e.kind, shape(&e)))
+                    tx.send(line(e.kind, shape(&e)), false)
                 }
                 WatchMsg::Bookmark if bookmarks => {
                     let (kind, api_version) = kind_of(resource);
@@ -272,18 +417,21 @@ fn start_watch(s: &mut State, target: &Target, query: &str, meta: bool) -> Reply
                     } else {
                         (kind, api_version)
                     };
-                    tx.send(line(
-                        "BOOKMARK",
-                        json!({
-                            "kind": kind,
-                            "apiVersion": api_version,
-                            "metadata": {"resourceVersion": last_rv.to_string()},
-                        }),
-                    ))
+                    tx.send(
+                        line(
+                            "BOOKMARK",
+                            json!({
+                                "kind": kind,
+                                "apiVersion": api_version,
+                                "metadata": {"resourceVersion": last_rv.to_string()},
+                            }),
+                        ),
+                        true,
+                    )
                 }
                 WatchMsg::Bookmark => continue,
                 WatchMsg::Expire => {
-                    let _ = tx.send(expired(last_rv, last_rv + 1));
+                    let _ = tx.send(expired(last_rv, last_rv + 1), false);
                     return;
                 }
             };
@@ -293,4 +441,29 @@ fn start_watch(s: &mut State, target: &Target, query: &str, meta: bool) -> Reply
         }
     });
     stream_reply(rx)
+}
+
+/// A watch stream's sending end, counting what it sends.
+struct WatchOut {
+    tx: mpsc::UnboundedSender<Bytes>,
+    traffic: Arc<TrafficCounters>,
+    resource: &'static str,
+}
+
+impl WatchOut {
+    fn send(&self, line: Bytes, bookmark: bool) -> Result<(), ()> {
+        let c = self.traffic.of(self.resource);
+        let n = line.len();
+        self.tx.send(line).map_err(|_| ())?;
+        Counters::add(&c.watch_bytes, n);
+        Counters::add(
+            if bookmark {
+                &c.watch_bookmarks
+            } else {
+                &c.watch_events
+            },
+            1,
+        );
+        Ok(())
+    }
 }

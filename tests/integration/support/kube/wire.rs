@@ -46,6 +46,15 @@ pub(super) fn reply(status: u16, body: &Value) -> Reply {
         .expect("response")
 }
 
+/// A 200-style reply whose JSON body is already text.
+pub(super) fn reply_text(status: u16, body: String) -> Reply {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(ReplyBody::Full(Full::new(Bytes::from(body))))
+        .expect("response")
+}
+
 pub(super) fn status_object(code: u16, reason: &str, message: &str) -> Value {
     json!({
         "kind": "Status",
@@ -158,6 +167,23 @@ pub(super) fn as_metadata(object: &Value) -> Value {
 }
 
 pub(super) fn selected(object: &Value, field_selector: Option<&str>) -> bool {
+    selected_by(
+        |field| match field {
+            "spec.nodeName" => object["spec"]["nodeName"].as_str().map(str::to_string),
+            "metadata.name" => object["metadata"]["name"].as_str().map(str::to_string),
+            "metadata.namespace" => object["metadata"]["namespace"].as_str().map(str::to_string),
+            _ => None,
+        },
+        field_selector,
+    )
+}
+
+/// Whether an object whose selectable fields `value_of` gives passes the
+/// field selector.
+pub(super) fn selected_by(
+    value_of: impl Fn(&str) -> Option<String>,
+    field_selector: Option<&str>,
+) -> bool {
     let Some(sel) = field_selector.filter(|s| !s.is_empty()) else {
         return true;
     };
@@ -171,15 +197,39 @@ pub(super) fn selected(object: &Value, field_selector: Option<&str>) -> bool {
         } else {
             return false;
         };
-        let have = match field {
-            "spec.nodeName" => object["spec"]["nodeName"].as_str(),
-            "metadata.name" => object["metadata"]["name"].as_str(),
-            "metadata.namespace" => object["metadata"]["namespace"].as_str(),
-            _ => None,
-        }
-        .unwrap_or("");
+        let have = value_of(field).unwrap_or_default();
         (have == want) != negate
     })
+}
+
+/// A list's `continue` token as the API server makes it: base64 (URL
+/// alphabet, no padding) of `{"v":"meta.k8s.io/v1","rv":..,"start":..}`,
+/// where `start` is the key after the last one listed
+/// (`<namespace>/<name>\0`).
+pub(super) fn continue_token(rv: u64, namespace: &str, name: &str) -> String {
+    use base64::Engine;
+    let inner = json!({
+        "v": "meta.k8s.io/v1",
+        "rv": rv,
+        "start": format!("{namespace}/{name}\u{0}"),
+    });
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(inner.to_string())
+}
+
+/// A `continue` token's resourceVersion and where the page starts
+/// (namespace, name: the first key not below it).
+pub(super) fn parse_continue(token: &str) -> Option<(u64, (String, String))> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token.trim_end_matches('='))
+        .ok()?;
+    let v: Value = serde_json::from_slice(&bytes).ok()?;
+    if v["v"] != "meta.k8s.io/v1" {
+        return None;
+    }
+    let rv = v["rv"].as_u64()?;
+    let (namespace, name) = v["start"].as_str()?.split_once('/')?;
+    Some((rv, (namespace.to_string(), name.to_string())))
 }
 
 /// RFC 7386 JSON merge patch.

@@ -230,7 +230,9 @@ impl Config {
         let socket_dir = f
             .path("socketDir")
             .unwrap_or_else(|| PathBuf::from(api::DEFAULT_SOCKET_DIR));
-        let connection_limit = f.positive("connectionLimit");
+        let connection_limit = f
+            .positive("connectionLimit")
+            .or_else(|| Some(crate::limit::default_connection_limit()));
         let queue_timeout = f.duration("queueTimeout").unwrap_or(DEFAULT_QUEUE_TIMEOUT);
         let max_connections = f
             .positive("maxConnections")

@@ -74,7 +74,10 @@ fn delegates_should_be_a_list_of_network_configurations() {
 fn empty_object_should_give_defaults() {
     let c = parse("{}").unwrap();
     assert_eq!(c.activation.socket_dir, PathBuf::from("/run/plexus"));
-    assert_eq!(c.limit.connection_limit, None);
+    assert_eq!(
+        c.limit.connection_limit,
+        Some(crate::limit::default_connection_limit())
+    );
     assert_eq!(c.limit.queue_timeout, DEFAULT_QUEUE_TIMEOUT);
     assert_eq!(c.limit.max_connections.get(), DEFAULT_MAX_CONNECTIONS);
     assert_eq!(c.server.read_timeout, DEFAULT_READ_TIMEOUT);

@@ -54,7 +54,7 @@
 //! Dependency direction (every `crate::` import; nothing else, as
 //! `tests/integration/architecture.rs` checks):
 //!
-//! - Leaves: `api`, `device_info`, `duration`, `json`, `logging`,
+//! - Leaves: `api`, `device_info`, `duration`, `json`, `logging`, `memory`,
 //!   `metrics`, `names`, `notify` and `trust` use no other module; `result`
 //!   uses `api`; `netconf` uses `api`, `names` and `result`;
 //!   `readiness_file` uses `duration`.
@@ -62,12 +62,12 @@
 //!   `cni` uses the leaves only. `selection` uses `netconf`, `names`,
 //!   `device_info` and `json`: it never reaches into `cni`, `k8s` or
 //!   `config`. `k8s` uses `selection` (to implement its lookup trait),
-//!   `device_info`, `duration` and `result`. `limit` uses `duration` and
-//!   `metrics`.
+//!   `device_info`, `duration`, `memory` and `result`. `limit` uses
+//!   `duration`, `memory` and `metrics`.
 //! - The one reference back is by design: `server` calls the handler
 //!   through its own [`server::Handler`] trait, so `handler` uses `server`
 //!   for that trait and its reply types while `server` (which uses `api`,
-//!   `limit`, `duration` and `metrics`) knows nothing of `handler`, the
+//!   `limit`, `duration`, `memory` and `metrics`) knows nothing of `handler`, the
 //!   engine or systemd. `handler` uses `server`, `k8s`, `selection`, `cni`
 //!   and the leaves, and `readiness_file`.
 //! - `activation` uses `api` and `trust`; `autoconf` (the `generate-config`

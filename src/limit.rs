@@ -67,6 +67,18 @@ struct QueueDepth {
     filled: tokio::sync::Notify,
 }
 
+/// `connectionLimit` when the configuration leaves it out: 8 per CPU, at
+/// least 16. Measured with herds of 250 pods (three bridge + host-local
+/// networks each) on 2 CPUs: an ADD is CPU-bound (the plugins), so a few
+/// slots per CPU keep the CPUs busy, but a DEL mostly waits (the kernel's
+/// veth teardown), and limits of 2, 4 and 8 slowed the DEL herd to
+/// 0.45-0.92x the plugins called directly, where 16 kept both at the
+/// unlimited pace with a third of its peak memory (BENCHMARKS.md, 11).
+pub fn default_connection_limit() -> NonZeroUsize {
+    let cpus = std::thread::available_parallelism().map_or(2, NonZeroUsize::get);
+    NonZeroUsize::new(cpus.saturating_mul(8).max(16)).unwrap_or(NonZeroUsize::MIN)
+}
+
 /// Queued requests at which accepting pauses, per processing slot.
 pub const PAUSE_QUEUED_PER_SLOT: usize = 4;
 /// Queued requests at which accepting pauses, at least.

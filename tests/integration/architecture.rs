@@ -12,6 +12,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("api", &[]),
     ("device_info", &[]),
     ("duration", &[]),
+    ("memory", &[]),
     ("json", &[]),
     ("logging", &[]),
     ("metrics", &[]),
@@ -23,8 +24,8 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("readiness_file", &["duration"]),
     // Along the request's path.
     ("activation", &["api", "trust"]),
-    ("server", &["api", "duration", "limit", "metrics"]),
-    ("limit", &["duration", "metrics"]),
+    ("server", &["api", "duration", "limit", "memory", "metrics"]),
+    ("limit", &["duration", "memory", "metrics"]),
     (
         "handler",
         &[
@@ -41,7 +42,10 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "server",
         ],
     ),
-    ("k8s", &["device_info", "duration", "result", "selection"]),
+    (
+        "k8s",
+        &["device_info", "duration", "memory", "result", "selection"],
+    ),
     ("selection", &["device_info", "json", "names", "netconf"]),
     (
         "cni",

@@ -299,8 +299,9 @@ fn burst_of_large_requests_should_stay_within_the_body_budget() {
 /// A body that finds the budget full waits for room only within
 /// readTimeout, then is turned away with "try again later" (code 11)
 /// rather than read into memory: here 16 bodies of 1000 KiB wait for the
-/// one processing slot (held by a plugin the test controls) and hold the
-/// 16 MiB budget.
+/// five processing slots (held by a plugin the test controls) and hold the
+/// 16 MiB budget. (Five slots: with 4 requests per slot waiting, at least
+/// 16, plexusd would stop accepting before the budget filled.)
 #[test]
 fn body_without_room_in_the_budget_should_get_try_again_later() {
     let e = Engine::new("rb-budget");
@@ -311,7 +312,7 @@ fn body_without_room_in_the_budget_should_get_try_again_later() {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let d = start(
         &e,
-        json!({"connectionLimit": 1, "queueTimeout": "60s", "readTimeout": "3s"}),
+        json!({"connectionLimit": 5, "queueTimeout": "60s", "readTimeout": "3s"}),
     );
     let ns = Netns::new();
     let send = |id: &str, pad: usize| {
@@ -326,9 +327,10 @@ fn body_without_room_in_the_budget_should_get_try_again_later() {
             http::read_response(&mut s).unwrap()
         })
     };
-    let holder = send("hold-slot", 0);
-    wait_until(T, "the slot to be taken", || {
-        calls(&e).contains(&"start hold-slot".to_string())
+    let holders: Vec<_> = (0..5).map(|i| send(&format!("hold-{i}"), 0)).collect();
+    wait_until(T, "the slots to be taken", || {
+        let started = calls(&e);
+        (0..5).all(|i| started.contains(&format!("start hold-{i}")))
     });
     let pad = 750 << 10; // a body of about 1000 KiB
     let queued: Vec<_> = (0..16).map(|i| send(&format!("fill-{i}"), pad)).collect();
@@ -349,9 +351,11 @@ fn body_without_room_in_the_budget_should_get_try_again_later() {
         text.body_str()
     );
 
-    // Open the gate: the held ADD and the queued ones finish.
+    // Open the gate: the held ADDs and the queued ones finish.
     drop(fs::OpenOptions::new().write(true).open(&gate).unwrap());
-    assert_eq!(holder.join().unwrap().status, 200);
+    for h in holders {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
     for q in queued {
         assert_eq!(q.join().unwrap().status, 200);
     }

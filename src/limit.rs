@@ -73,7 +73,7 @@ struct QueueDepth {
 /// slots per CPU keep the CPUs busy, but a DEL mostly waits (the kernel's
 /// veth teardown), and limits of 2, 4 and 8 slowed the DEL herd to
 /// 0.45-0.92x the plugins called directly, where 16 kept both at the
-/// unlimited pace with a third of its peak memory (BENCHMARKS.md, 11).
+/// unlimited pace with half its peak memory (BENCHMARKS.md, 11).
 pub fn default_connection_limit() -> NonZeroUsize {
     let cpus = std::thread::available_parallelism().map_or(2, NonZeroUsize::get);
     NonZeroUsize::new(cpus.saturating_mul(8).max(16)).unwrap_or(NonZeroUsize::MIN)

@@ -39,10 +39,11 @@ use crate::Counts;
 
 /// The herds, in the report's order: pods, and the `connectionLimit`
 /// settings each is measured with (`None`: the key unset, the daemon's
-/// default, always first).
+/// default, always first; 1024, as many as `maxConnections`, is no limit
+/// for these herds).
 const HERDS: &[(usize, &[Option<usize>])] = &[
-    (250, &[None, Some(2), Some(4), Some(8), Some(16)]),
-    (1000, &[None, Some(4)]),
+    (250, &[None, Some(2), Some(4), Some(8), Some(1024)]),
+    (1000, &[None]),
 ];
 /// The herds with `PLEXUS_BENCH_QUICK=1`.
 const QUICK_HERDS: &[(usize, &[Option<usize>])] = &[(24, &[None, Some(4)]), (96, &[None])];
@@ -89,7 +90,10 @@ struct Setting {
 impl Setting {
     fn limit_label(&self) -> String {
         match self.limit {
-            None => "connectionLimit unset".into(),
+            None => format!(
+                "connectionLimit unset (default: {})",
+                plexus::limit::default_connection_limit()
+            ),
             Some(l) => format!("connectionLimit {l}"),
         }
     }
@@ -1489,7 +1493,7 @@ fn targets(sec: &mut Section, all: &[Measured]) {
             };
             sec.target(Target::new(
                 &format!(
-                    "reboot herd: plexusd peak RSS, {}-pod vs {}-pod herd (connectionLimit unset)",
+                    "reboot herd: plexusd peak RSS, {}-pod vs {}-pod herd (connectionLimit unset, the default)",
                     count(big),
                     count(small)
                 ),

@@ -4,31 +4,19 @@
 //! otherwise hold their slots for the whole read timeout while a real call
 //! waits in the listen backlog behind them.
 //!
-//! A connection becomes a candidate only once its task has been polled
-//! and [`EVICT_GRACE`] has passed since: by then whatever head the client
-//! had sent has been read and handed to the service, so a client that
-//! wrote its request at once (or a moment later, in a connect storm on a
-//! busy machine) is never taken for an idle one. A connection whose
-//! request head has arrived leaves the set for good: a request in
-//! progress is never evicted.
+//! A connection becomes a candidate only once its task has been polled:
+//! by then whatever head the client had sent has been read and handed to
+//! the service, so a client that wrote its request at once is never taken
+//! for an idle one. A connection whose request head has arrived leaves
+//! the set for good: a request in progress is never evicted.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use std::time::Duration;
-
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// How long a connection stays without a request head after its first
-/// poll before it may be evicted. Under a connect storm the clients that
-/// have just connected are about to send their requests: evicting them
-/// (the only "idle" ones) would answer thousands of them "try again
-/// later" instead of serving them in turn from the listen backlog.
-pub const EVICT_GRACE: Duration = Duration::from_millis(250);
 
 /// The set, shared by the accept loops and the connection tasks.
 #[derive(Debug, Default)]
@@ -50,15 +38,8 @@ struct Inner {
 
 #[derive(Debug)]
 struct Entry {
-    /// When its task was first polled without a request head.
-    polled: Option<Instant>,
+    polled: bool,
     evict: CancellationToken,
-}
-
-impl Entry {
-    fn evictable(&self, now: Instant) -> bool {
-        self.polled.is_some_and(|t| t + EVICT_GRACE <= now)
-    }
 }
 
 /// A connection's place in the set; leaves it when dropped.
@@ -90,7 +71,7 @@ impl IdleConnections {
         inner.entries.insert(
             id,
             Entry {
-                polled: None,
+                polled: false,
                 evict: evict.clone(),
             },
         );
@@ -107,15 +88,11 @@ impl IdleConnections {
 
     /// Closes the candidate idle longest; false when there is none.
     pub fn evict_oldest(&self) -> bool {
-        self.evict_oldest_at(Instant::now())
-    }
-
-    fn evict_oldest_at(&self, now: Instant) -> bool {
         let mut inner = self.lock();
         let Some(id) = inner
             .entries
             .iter()
-            .find(|(_, e)| e.evictable(now))
+            .find(|(_, e)| e.polled)
             .map(|(id, _)| *id)
         else {
             return false;
@@ -134,21 +111,7 @@ impl IdleConnections {
 
     /// Whether a connection could be evicted now.
     pub fn has_candidate(&self) -> bool {
-        let now = Instant::now();
-        self.lock().entries.values().any(|e| e.evictable(now))
-    }
-
-    /// When the next connection polled without a head will have had its
-    /// grace; `None` when no connection waits for it.
-    pub fn next_candidate_at(&self) -> Option<Instant> {
-        let now = Instant::now();
-        self.lock()
-            .entries
-            .values()
-            .filter(|e| !e.evictable(now))
-            .filter_map(|e| e.polled)
-            .min()
-            .map(|t| t + EVICT_GRACE)
+        self.lock().entries.values().any(|e| e.polled)
     }
 
     /// Resolves after the next time a connection becomes a candidate
@@ -176,7 +139,7 @@ impl Ticket {
         let Some(e) = inner.entries.get_mut(&self.id) else {
             return;
         };
-        e.polled.get_or_insert_with(Instant::now);
+        e.polled = true;
         drop(inner);
         self.set.candidate.notify_waiters();
     }
@@ -218,17 +181,11 @@ mod tests {
         assert!(!set.evict_oldest(), "nothing polled yet");
         c.polled();
         b.polled();
-        let now = Instant::now();
-        assert!(!set.evict_oldest_at(now), "within the grace");
-        assert!(set
-            .next_candidate_at()
-            .is_some_and(|t| t <= now + EVICT_GRACE));
-        let later = now + EVICT_GRACE;
-        assert!(set.evict_oldest_at(later));
+        assert!(set.evict_oldest());
         assert!(eb.is_cancelled() && !ea.is_cancelled() && !ec.is_cancelled());
-        assert!(set.evict_oldest_at(later));
+        assert!(set.evict_oldest());
         assert!(ec.is_cancelled());
-        assert!(!set.evict_oldest_at(later), "a is not polled");
+        assert!(!set.evict_oldest(), "a is not polled");
         drop((a, b, c));
         assert_eq!(set.len(), 0);
     }
@@ -239,7 +196,7 @@ mod tests {
         let (a, ea) = set.register();
         a.busy();
         a.polled();
-        assert!(!set.evict_oldest_at(Instant::now() + EVICT_GRACE));
+        assert!(!set.evict_oldest());
         assert!(!ea.is_cancelled());
         assert_eq!(set.len(), 0);
     }
@@ -252,7 +209,7 @@ mod tests {
         let declined = set.declined();
         tokio::pin!(declined);
         declined.as_mut().enable();
-        assert!(set.evict_oldest_at(Instant::now() + EVICT_GRACE));
+        assert!(set.evict_oldest());
         // The head arrived at the same moment.
         a.busy();
         assert!(ea.is_cancelled() && a.is_busy());

@@ -512,13 +512,6 @@ async fn accept_loop<H: Handler>(
         tokio::pin!(candidate);
         candidate.as_mut().enable();
         let room = permit.is_some() || shared.idle.has_candidate();
-        // A connection polled without a head becomes a candidate only
-        // after its grace: look again then.
-        let grace_over = if room {
-            None
-        } else {
-            shared.idle.next_candidate_at()
-        };
         let accepted = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
@@ -529,7 +522,6 @@ async fn accept_loop<H: Handler>(
                 continue;
             }
             _ = &mut candidate, if !room => continue,
-            _ = sleep_until_some(grace_over), if grace_over.is_some() => continue,
             // The queue filled up while waiting for a client: pause.
             _ = &mut filled => continue,
         };
@@ -618,11 +610,6 @@ async fn make_room<H>(
             shared.metrics.connections_evicted.inc();
             debug!("closed the connection idle longest to serve a new one");
         }
-        let grace_over = if evicted {
-            None
-        } else {
-            shared.idle.next_candidate_at()
-        };
         let stopped = async {
             match stop {
                 Some(s) => s.cancelled().await,
@@ -633,19 +620,10 @@ async fn make_room<H>(
             biased;
             p = connections.acquire() => return Some(p),
             _ = &mut candidate, if !evicted => {}
-            _ = sleep_until_some(grace_over), if grace_over.is_some() => {}
             // The one chosen got its request head just then: choose again.
             _ = &mut declined, if evicted => evicted = false,
             _ = stopped => return None,
         }
-    }
-}
-
-/// Sleeps until `at`; never resolves for `None`.
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -70,6 +70,7 @@ const KNOWN_KEYS: &[&str] = &[
     "nodeName",
     "kubernetesSyncTimeout",
     "kubernetesRequestTimeout",
+    "podEvents",
     "podResourcesSocket",
     "deviceCheckpointFile",
     "deviceInfoDir",
@@ -346,6 +347,7 @@ impl Config {
             }
             None => k8s::host_node_name(),
         };
+        let pod_events = f.bool("podEvents").unwrap_or(true);
         let kubernetes_sync_timeout = f
             .duration("kubernetesSyncTimeout")
             .unwrap_or(k8s::DEFAULT_SYNC_TIMEOUT);
@@ -443,6 +445,7 @@ impl Config {
                     timeout: kubernetes_request_timeout,
                 },
                 device_info_dir,
+                pod_events,
             },
             unknown_keys,
         })

@@ -419,6 +419,8 @@ struct ApiCount {
     pods_one_patch: usize,
     /// Most PATCHes of one pod.
     most_patches: usize,
+    /// Pod events posted (in the background, not counted as writes).
+    events: usize,
 }
 
 fn count_api(calls: &[Logged], pods: &[(String, String)]) -> ApiCount {
@@ -426,6 +428,10 @@ fn count_api(calls: &[Logged], pods: &[(String, String)]) -> ApiCount {
     let mut per_pod: HashMap<&str, usize> = HashMap::new();
     let prefix = format!("/api/v1/namespaces/{POD_NS}/pods/");
     for call in calls.iter().filter(|c| !c.is_watch()) {
+        if call.is_event_post() {
+            c.events += 1;
+            continue;
+        }
         if call.method == "GET" {
             if call.path.ends_with("/pods")
                 || call.path.ends_with("/network-attachment-definitions")
@@ -1443,11 +1449,17 @@ fn targets(sec: &mut Section, all: &[Measured]) {
             .iter()
             .map(|m| m.daemon.api[0].gets as f64 / m.setting.pods as f64)
             .fold(0.0, f64::max);
+        let events: usize = all
+            .iter()
+            .map(|m| m.daemon.api[0].events + m.daemon.api[1].events)
+            .sum();
+        let pods: usize = all.iter().map(|m| m.setting.pods).sum();
         sec.target(Target::new(
             "reboot herd: Kubernetes API writes per pod (every herd)",
             "1 API write per pod",
             format!(
-                "{} per pod; at most {gets:.2} GET per pod; {del_calls} API calls during the DELs",
+                "{} per pod; at most {gets:.2} GET per pod; {del_calls} API calls during the DELs; \
+                 besides, {events} pod events for {pods} pods, posted in the background",
                 writes.join(", ")
             ),
             Some(one),

@@ -152,9 +152,20 @@ impl Networks {
             networks: self,
             cfg,
         };
-        let networks = pod::plan(cfg, &request, &k.source, &configs)
-            .await
-            .map_err(plan_failure)?;
+        let networks = match pod::plan(cfg, &request, &k.source, &configs).await {
+            Ok(n) => n,
+            Err(e) => {
+                if matches!(e, pod::Error::Nad(selection::nad::Error::NotFound { .. })) {
+                    k.source.pod_event(
+                        &pod,
+                        k8s::events::REASON_NO_NETWORK,
+                        k8s::events::Kind::Warning,
+                        e.to_string(),
+                    );
+                }
+                return Err(plan_failure(e));
+            }
+        };
         let aux = self
             .aux_network(cfg, config, networks.len())
             .await
@@ -209,6 +220,13 @@ impl Networks {
             self.write_status(k, &pod, status::annotation(&entries))
                 .await
                 .map_err(|e| api_failure(pod_ref, e))?;
+            // One event for the whole ADD, in the background.
+            k.source.pod_event(
+                &pod,
+                k8s::events::REASON_ADDED,
+                k8s::events::Kind::Normal,
+                k8s::events::added_message(&entries),
+            );
         }
         let primary = cni::AddedNetwork::primary(&added).map_err(failure)?;
         let out = result::convert(&primary.result, result::LATEST)

@@ -31,6 +31,7 @@
 
 mod cache;
 pub mod devices;
+pub mod events;
 mod nad;
 mod pod;
 mod slim;
@@ -81,6 +82,8 @@ pub struct Config {
     pub devices: devices::DeviceSource,
     /// The device-info directory (`dp/` and `cni/` under it).
     pub device_info_dir: PathBuf,
+    /// Whether ADDs post pod events (`podEvents`).
+    pub pod_events: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -178,6 +181,7 @@ pub struct Source {
     /// causes) until that watch recovers.
     errors: WatchErrors,
     stop: CancellationToken,
+    events: events::Poster,
 }
 
 /// Cache name -> the last error of its watch, while it is failing.
@@ -303,6 +307,7 @@ impl Source {
             nads_synced,
             errors,
             stop,
+            events: events::Poster::default(),
         })
     }
 

@@ -7,9 +7,11 @@
 use serde_json::{json, Value};
 
 use crate::support::cni::{bare, bridge, conflist, failed, ok, Call, Engine};
-use crate::support::daemon::Daemon;
+use crate::support::daemon::{wait_until, Daemon};
 use crate::support::kube::{pod_args, FakeApi, NETWORK_STATUS as STATUS, NODE};
 use crate::support::netns::{Link, Netns, Subnet};
+
+const T: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A node: the cluster network in confDir, two NADs (`ns1/blue`,
 /// `shared/red`) each on a bridge of its own, and a daemon watching `api`.
@@ -25,6 +27,16 @@ struct Node {
 type Pod<'a> = (&'a str, &'a str, &'a str, Value);
 
 fn node(tag: &str, pods: Vec<Pod<'_>>, extra_nads: Vec<(&str, &str, String)>) -> Node {
+    node_with(tag, pods, extra_nads, json!({}))
+}
+
+/// [`node`] with `extra` keys in the daemon's configuration.
+fn node_with(
+    tag: &str,
+    pods: Vec<Pod<'_>>,
+    extra_nads: Vec<(&str, &str, String)>,
+    extra: Value,
+) -> Node {
     let engine = Engine::new(tag);
     let links = [Link::planned("b"), Link::planned("b"), Link::planned("b")];
     let subnets = [Subnet::new(), Subnet::new(), Subnet::new()];
@@ -53,7 +65,11 @@ fn node(tag: &str, pods: Vec<Pod<'_>>, extra_nads: Vec<(&str, &str, String)>) ->
     for (ns, name, uid, annotations) in pods {
         api.put_pod(ns, name, uid, NODE, annotations);
     }
-    let daemon = api.start_daemon(&engine.dir, engine.config("cluster", "20s"), "2s");
+    let mut cfg = engine.config("cluster", "20s");
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        cfg[k] = v.clone();
+    }
+    let daemon = api.start_daemon(&engine.dir, cfg, "2s");
     Node {
         engine,
         api,
@@ -266,4 +282,145 @@ fn a_missing_nad_should_fail_the_add_and_leave_nothing() {
     assert!(msg.contains("nothere") && msg.contains("ns1"), "{msg}");
     assert!(ns.iface("eth0").is_none() && ns.iface("net1").is_none());
     assert!(n.engine.records().is_empty());
+}
+
+/// One `AddedInterface` event per ADD (one API write, posted after the
+/// ADD in the background), listing every interface, network and address,
+/// as `kubectl describe pod` shows it; none for the DEL.
+#[test]
+fn an_add_should_post_one_event_listing_every_interface() {
+    let n = node(
+        "k8s-event",
+        vec![(
+            "ns1",
+            "web",
+            "uid-web",
+            json!({"k8s.v1.cni.cncf.io/networks": "blue, shared/red@red0"}),
+        )],
+        vec![],
+    );
+    let ns = Netns::new();
+    let add = Call::new("ADD", "k8sevent1", &ns, "eth0")
+        .args(&pod_args("ns1", "web", "uid-web"))
+        .run(&n.daemon);
+    ok(&n.daemon, &add);
+    wait_until(T, "the pod's event", || !n.api.pod_events().is_empty());
+    let events = n.api.pod_events();
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let e = &events[0];
+    let (eth0, net1, red0) = (
+        bare(&addr_in(&ns, "eth0")),
+        bare(&addr_in(&ns, "net1")),
+        bare(&addr_in(&ns, "red0")),
+    );
+    assert_eq!(e["kind"], "Event");
+    assert_eq!(e["apiVersion"], "v1");
+    assert_eq!(e["metadata"]["namespace"], "ns1");
+    assert!(
+        e["metadata"]["name"].as_str().unwrap().starts_with("web."),
+        "{e}"
+    );
+    assert_eq!(
+        e["involvedObject"],
+        json!({"apiVersion": "v1", "kind": "Pod", "namespace": "ns1", "name": "web", "uid": "uid-web"})
+    );
+    assert_eq!(e["reason"], "AddedInterface");
+    assert_eq!(e["type"], "Normal");
+    assert_eq!(e["source"], json!({"component": "plexus", "host": NODE}));
+    assert_eq!(e["count"], 1);
+    assert_eq!(
+        e["message"],
+        format!(
+            "Add eth0 [{eth0}] from cluster; Add net1 [{net1}] from ns1/blue; \
+             Add red0 [{red0}] from shared/red"
+        )
+    );
+    ok(
+        &n.daemon,
+        &Call::new("DEL", "k8sevent1", &ns, "eth0")
+            .args(&pod_args("ns1", "web", "uid-web"))
+            .run(&n.daemon),
+    );
+    assert_eq!(n.api.pod_events().len(), 1);
+}
+
+/// A pod naming a NAD that does not exist gets a `NoNetworkFound` warning
+/// naming it, beside its failed ADD.
+#[test]
+fn a_missing_nad_should_post_a_no_network_found_warning() {
+    let n = node(
+        "k8s-event-nonet",
+        vec![(
+            "ns1",
+            "lost",
+            "uid-lost",
+            json!({"k8s.v1.cni.cncf.io/networks": "ghost"}),
+        )],
+        vec![],
+    );
+    let ns = Netns::new();
+    let add = Call::new("ADD", "k8sevent2", &ns, "eth0")
+        .args(&pod_args("ns1", "lost", "uid-lost"))
+        .run(&n.daemon);
+    failed(&n.daemon, &add);
+    wait_until(T, "the pod's warning", || !n.api.pod_events().is_empty());
+    let events = n.api.pod_events();
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let e = &events[0];
+    assert_eq!(e["reason"], "NoNetworkFound");
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["involvedObject"]["uid"], "uid-lost");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("ghost") && msg.contains("no such NetworkAttachmentDefinition"),
+        "{msg}"
+    );
+}
+
+/// With `podEvents` false nothing is posted; with the events endpoint
+/// failing, ADDs succeed all the same.
+#[test]
+fn events_should_be_optional_and_never_fail_an_add() {
+    let n = node_with(
+        "k8s-event-off",
+        vec![("ns1", "quiet", "uid-quiet", json!({}))],
+        vec![],
+        json!({"podEvents": false}),
+    );
+    let ns = Netns::new();
+    let args = pod_args("ns1", "quiet", "uid-quiet");
+    ok(
+        &n.daemon,
+        &Call::new("ADD", "k8sevent3", &ns, "eth0")
+            .args(&args)
+            .run(&n.daemon),
+    );
+    ok(
+        &n.daemon,
+        &Call::new("DEL", "k8sevent3", &ns, "eth0")
+            .args(&args)
+            .run(&n.daemon),
+    );
+    assert!(n.api.pod_events().is_empty(), "{:#?}", n.api.pod_events());
+    assert!(!n.api.log().iter().any(|r| r.is_event_post()));
+
+    let m = node(
+        "k8s-event-fail",
+        vec![("ns1", "loud", "uid-loud", json!({}))],
+        vec![],
+    );
+    m.api.fail_next("/events", 500, 10);
+    let ns = Netns::new();
+    let args = pod_args("ns1", "loud", "uid-loud");
+    ok(
+        &m.daemon,
+        &Call::new("ADD", "k8sevent4", &ns, "eth0")
+            .args(&args)
+            .run(&m.daemon),
+    );
+    wait_until(T, "the event's attempt", || {
+        m.api.log().iter().any(|r| r.is_event_post())
+    });
+    assert!(m.api.pod_events().is_empty());
+    assert!(ns.iface("eth0").is_some());
 }

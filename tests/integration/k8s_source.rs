@@ -30,6 +30,7 @@ fn config(api: &FakeApi, dir: &TestDir) -> Config {
         request_timeout: Duration::from_secs(2),
         devices: Default::default(),
         device_info_dir: dir.join("devinfo"),
+        pod_events: true,
     }
 }
 

@@ -94,6 +94,11 @@ impl Logged {
     pub fn is_watch(&self) -> bool {
         query_param(&self.query, "watch").is_some_and(|v| v == "true" || v == "1")
     }
+
+    /// A POST of a core/v1 Event.
+    pub fn is_event_post(&self) -> bool {
+        self.method == "POST" && wire::events_namespace(&self.path).is_some()
+    }
 }
 
 impl std::fmt::Debug for Logged {
@@ -234,6 +239,8 @@ struct State {
     /// left of them.
     overridden: HashSet<(&'static str, String, String)>,
     traffic: Arc<TrafficCounters>,
+    /// Event objects (core/v1) posted by clients.
+    pod_events: Vec<Value>,
 }
 
 #[derive(Debug)]
@@ -446,13 +453,20 @@ impl FakeApi {
     }
 
     /// Requests that are neither watches nor list/watch of the caches:
-    /// what a single CNI call costs.
+    /// what a single CNI call costs, without the pod events it posts in
+    /// the background (see [`FakeApi::pod_events`]).
     pub fn calls_since(&self, mark: usize) -> Vec<Logged> {
         self.lock().log[mark..]
             .iter()
-            .filter(|r| !r.is_watch())
+            .filter(|r| !r.is_watch() && !r.is_event_post())
             .cloned()
             .collect()
+    }
+
+    /// The Event objects posted so far, as stored (with the server's
+    /// metadata).
+    pub fn pod_events(&self) -> Vec<Value> {
+        self.lock().pod_events.clone()
     }
 
     /// Position in the log, for [`FakeApi::calls_since`].

@@ -13,9 +13,9 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use super::wire::{
-    as_metadata, continue_token, decode, error, merge_patch, metadata_only, parse_continue,
-    query_param, reason_for, reply, reply_text, route, selected, selected_by, status_object,
-    stream_reply, Reply, Target,
+    as_metadata, continue_token, decode, error, events_namespace, merge_patch, metadata_only,
+    parse_continue, query_param, reason_for, reply, reply_text, route, selected, selected_by,
+    status_object, stream_reply, Reply, Target,
 };
 use super::{kind_of, Counters, Event, Logged, State, TrafficCounters, WatchMsg, PODS};
 
@@ -98,6 +98,11 @@ async fn answer(
     if let Some(code) = injected {
         return Ok(error(code, reason_for(code), "injected failure"));
     }
+    if method == Method::POST {
+        if let Some(ns) = events_namespace(&path) {
+            return Ok(post_event(state, ns, content_type.as_deref(), &body));
+        }
+    }
     let Some(target) = route(&path) else {
         return Ok(error(
             404,
@@ -175,6 +180,39 @@ async fn answer(
             "not supported by this server",
         )),
     }
+}
+
+/// A core/v1 Event created as the API server creates it: the namespace of
+/// the path, a uid, a resourceVersion and a creation time added; 201.
+fn post_event(state: &Mutex<State>, ns: &str, content_type: Option<&str>, body: &[u8]) -> Reply {
+    if !content_type.is_some_and(|ct| ct.starts_with("application/json")) {
+        return error(415, "UnsupportedMediaType", "events are taken as JSON only");
+    }
+    let Ok(mut event) = serde_json::from_slice::<Value>(body) else {
+        return error(400, "BadRequest", "the event is not JSON");
+    };
+    if event["kind"] != "Event" || event["apiVersion"] != "v1" {
+        return error(400, "BadRequest", "not a v1 Event");
+    }
+    if event["metadata"]["namespace"]
+        .as_str()
+        .is_some_and(|n| n != ns)
+    {
+        return error(
+            400,
+            "BadRequest",
+            "the namespace of the provided object does not match the namespace sent on the request",
+        );
+    }
+    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+    s.rv += 1;
+    let rv = s.rv;
+    event["metadata"]["namespace"] = ns.into();
+    event["metadata"]["uid"] = format!("event-uid-{rv}").into();
+    event["metadata"]["resourceVersion"] = rv.to_string().into();
+    event["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z".into();
+    s.pod_events.push(event.clone());
+    reply(201, &event)
 }
 
 /// Where a listed object comes from.

@@ -128,6 +128,23 @@ pub(super) struct Target {
     pub(super) status: bool,
 }
 
+/// The namespace of `/api/v1/namespaces/<ns>/events`, where core/v1
+/// Events are posted.
+pub(super) fn events_namespace(path: &str) -> Option<&str> {
+    match path
+        .trim_matches('/')
+        .split('/')
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["api", "v1", "namespaces", ns, "events"] => {
+            let start = path.find(ns)?;
+            Some(&path[start..start + ns.len()])
+        }
+        _ => None,
+    }
+}
+
 pub(super) fn route(path: &str) -> Option<Target> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (rest, resource) = match parts.as_slice() {

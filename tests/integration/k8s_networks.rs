@@ -424,3 +424,77 @@ fn events_should_be_optional_and_never_fail_an_add() {
     assert!(m.api.pod_events().is_empty());
     assert!(ns.iface("eth0").is_some());
 }
+
+/// CHECK of a pod checks every network its ADD attached (the cluster
+/// network and each NAD's), from the record, with no API call; a broken
+/// interface of one NAD's network fails it, naming that network. STATUS
+/// asks the cluster network, as multus's does.
+#[test]
+fn check_and_status_of_a_pod_should_cover_its_networks() {
+    let n = node(
+        "k8s-check",
+        vec![(
+            "ns1",
+            "chk",
+            "uid-chk",
+            json!({"k8s.v1.cni.cncf.io/networks": "blue, shared/red@red0"}),
+        )],
+        vec![],
+    );
+    let ns = Netns::new();
+    let args = pod_args("ns1", "chk", "uid-chk");
+    let call = |command: &str| {
+        Call::new(command, "k8scheck1", &ns, "eth0")
+            .args(&args)
+            .run(&n.daemon)
+    };
+    ok(&n.daemon, &call("ADD"));
+    let mark = n.api.mark();
+    ok(&n.daemon, &call("CHECK"));
+    assert_eq!(
+        n.api.calls_since(mark).len(),
+        0,
+        "{:#?}",
+        n.api.calls_since(mark)
+    );
+
+    ns.del_link("red0");
+    let (_, msg, _) = failed(&n.daemon, &call("CHECK"));
+    assert!(
+        msg.contains("red-net") && msg.contains("\"bridge\""),
+        "{msg}"
+    );
+    assert_eq!(n.api.calls_since(mark).len(), 0);
+
+    let stdin = serde_json::to_vec(&json!({
+        "cniVersion": "1.1.0",
+        "name": "plexus",
+        "type": "plexus-shim",
+        "daemonSocketDir": n.daemon.sock.parent().unwrap(),
+    }))
+    .unwrap();
+    let status = crate::support::shim::run(
+        [("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/usr/lib/cni")],
+        &stdin,
+    );
+    assert_eq!(status.code, Some(0), "{status:?}\n{}", n.daemon.log_text());
+    ok(&n.daemon, &call("DEL"));
+    assert!(
+        !ns.has_link("eth0") && !ns.has_link("net1"),
+        "{:?}",
+        ns.ifaces()
+    );
+
+    // A cluster network (of CNI 1.1.0, the first with STATUS) whose plugin
+    // is not installed: STATUS says so.
+    n.engine.write_network(
+        "10-cluster.conflist",
+        &conflist("cluster", "1.1.0", vec![json!({"type": "no-such-plugin"})]),
+    );
+    let status = crate::support::shim::run(
+        [("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/usr/lib/cni")],
+        &stdin,
+    );
+    assert_ne!(status.code, Some(0), "{status:?}");
+    assert!(status.stdout.contains("no-such-plugin"), "{status:?}");
+}

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PostParams};
 use kube::core::ObjectMeta;
 use tokio::sync::Semaphore;
@@ -54,7 +54,7 @@ pub fn added_message(entries: &[NetworkStatus]) -> String {
 /// The Event object for `pod` on `node`, named as client-go names them
 /// (`<pod>.<nanoseconds in hex>`).
 pub fn event(pod: &PodInfo, node: &str, reason: &str, kind: Kind, message: &str) -> Event {
-    let now = chrono_now();
+    let now = now();
     Event {
         metadata: ObjectMeta {
             name: Some(format!("{}.{:x}", pod.name, now.1)),
@@ -80,14 +80,13 @@ pub fn event(pod: &PodInfo, node: &str, reason: &str, kind: Kind, message: &str)
         reporting_instance: Some(node.into()),
         first_timestamp: Some(Time(now.0)),
         last_timestamp: Some(Time(now.0)),
-        event_time: None::<MicroTime>,
         count: Some(1),
         ..Default::default()
     }
 }
 
 /// Now, and as nanoseconds since the epoch.
-fn chrono_now() -> (k8s_openapi::jiff::Timestamp, u128) {
+fn now() -> (k8s_openapi::jiff::Timestamp, u128) {
     let t = k8s_openapi::jiff::Timestamp::now();
     let nanos = u128::try_from(t.as_nanosecond()).unwrap_or(0);
     (t, nanos)

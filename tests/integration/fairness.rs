@@ -83,6 +83,14 @@ exit 0"#,
         }
     }
 
+    /// Starts the ADD of `bad-*` container `id` and waits until its
+    /// plugin hangs.
+    fn hung_add(&self, id: &str, ns: &Netns) -> Pending {
+        let add = Call::new("ADD", id, ns, "eth0").spawn(&self.d);
+        wait_until(SETTLE, "the bad ADD's plugin to hang", || self.stuck("ADD"));
+        add
+    }
+
     fn stuck(&self, command: &str) -> bool {
         self.e.dir.join(&format!("stuck.{command}")).exists()
     }
@@ -170,8 +178,7 @@ fn a_stuck_container_should_hold_one_slot_whatever_its_retries() {
     let node = Node::start("fair-retries", 2);
     let d = &node.d;
     let ns = Netns::new();
-    let first = Call::new("ADD", "bad-1", &ns, "eth0").spawn(d);
-    wait_until(SETTLE, "the bad ADD's plugin to hang", || node.stuck("ADD"));
+    let first = node.hung_add("bad-1", &ns);
 
     let mut retries = Vec::new();
     for (k, command) in ["DEL", "DEL", "ADD"].into_iter().enumerate() {
@@ -222,8 +229,7 @@ fn a_gc_storm_should_hold_one_slot() {
     let node = Node::start("fair-gc", 3);
     let d = &node.d;
     let ns = Netns::new();
-    let add = Call::new("ADD", "bad-gc", &ns, "eth0").spawn(d);
-    wait_until(SETTLE, "the bad ADD's plugin to hang", || node.stuck("ADD"));
+    let add = node.hung_add("bad-gc", &ns);
 
     // bad-gc is not among the valid attachments: each GC would delete it.
     let mut gcs = vec![gc_call(d, json!([]))];
@@ -260,8 +266,7 @@ fn a_full_queue_should_leave_new_clients_in_the_backlog() {
     let node = Node::start("fair-pause", 1);
     let d = &node.d;
     let ns = Netns::new();
-    let bad = Call::new("ADD", "bad-pause", &ns, "eth0").spawn(d);
-    wait_until(SETTLE, "the bad ADD's plugin to hang", || node.stuck("ADD"));
+    let bad = node.hung_add("bad-pause", &ns);
     let spaces: Vec<Netns> = (0..16).map(|_| Netns::new()).collect();
     let queued: Vec<Pending> = spaces
         .iter()

@@ -10,6 +10,7 @@ use crate::support::cni::{bare, bridge, conflist, failed, ok, Call, Engine};
 use crate::support::daemon::{wait_until, Daemon};
 use crate::support::kube::{pod_args, FakeApi, NETWORK_STATUS as STATUS, NODE};
 use crate::support::netns::{Link, Netns, Subnet};
+use crate::support::shim::Run;
 
 const T: std::time::Duration = std::time::Duration::from_secs(20);
 
@@ -284,30 +285,42 @@ fn a_missing_nad_should_fail_the_add_and_leave_nothing() {
     assert!(n.engine.records().is_empty());
 }
 
+/// A node whose only pod is `ns1/<name>` (uid `uid-<name>`), annotated
+/// with `networks`; `extra` keys in the daemon's configuration.
+fn one_pod(tag: &str, name: &str, networks: &str, extra: Value) -> Node {
+    let uid = format!("uid-{name}");
+    let annotations = if networks.is_empty() {
+        json!({})
+    } else {
+        json!({"k8s.v1.cni.cncf.io/networks": networks})
+    };
+    node_with(tag, vec![("ns1", name, &uid, annotations)], vec![], extra)
+}
+
+/// `command` for pod `ns1/<name>`'s container `cid` in `ns`.
+fn pod_call(n: &Node, command: &str, cid: &str, name: &str, ns: &Netns) -> Run {
+    Call::new(command, cid, ns, "eth0")
+        .args(&pod_args("ns1", name, &format!("uid-{name}")))
+        .run(&n.daemon)
+}
+
+/// The one event posted for the pod, once it is there.
+fn the_event(n: &Node) -> Value {
+    wait_until(T, "the pod's event", || !n.api.pod_events().is_empty());
+    let events = n.api.pod_events();
+    assert_eq!(events.len(), 1, "{events:#?}");
+    events[0].clone()
+}
+
 /// One `AddedInterface` event per ADD (one API write, posted after the
 /// ADD in the background), listing every interface, network and address,
 /// as `kubectl describe pod` shows it; none for the DEL.
 #[test]
 fn an_add_should_post_one_event_listing_every_interface() {
-    let n = node(
-        "k8s-event",
-        vec![(
-            "ns1",
-            "web",
-            "uid-web",
-            json!({"k8s.v1.cni.cncf.io/networks": "blue, shared/red@red0"}),
-        )],
-        vec![],
-    );
+    let n = one_pod("k8s-event", "web", "blue, shared/red@red0", json!({}));
     let ns = Netns::new();
-    let add = Call::new("ADD", "k8sevent1", &ns, "eth0")
-        .args(&pod_args("ns1", "web", "uid-web"))
-        .run(&n.daemon);
-    ok(&n.daemon, &add);
-    wait_until(T, "the pod's event", || !n.api.pod_events().is_empty());
-    let events = n.api.pod_events();
-    assert_eq!(events.len(), 1, "{events:#?}");
-    let e = &events[0];
+    ok(&n.daemon, &pod_call(&n, "ADD", "k8sevent1", "web", &ns));
+    let e = &the_event(&n);
     let (eth0, net1, red0) = (
         bare(&addr_in(&ns, "eth0")),
         bare(&addr_in(&ns, "net1")),
@@ -335,12 +348,7 @@ fn an_add_should_post_one_event_listing_every_interface() {
              Add red0 [{red0}] from shared/red"
         )
     );
-    ok(
-        &n.daemon,
-        &Call::new("DEL", "k8sevent1", &ns, "eth0")
-            .args(&pod_args("ns1", "web", "uid-web"))
-            .run(&n.daemon),
-    );
+    ok(&n.daemon, &pod_call(&n, "DEL", "k8sevent1", "web", &ns));
     assert_eq!(n.api.pod_events().len(), 1);
 }
 
@@ -348,25 +356,10 @@ fn an_add_should_post_one_event_listing_every_interface() {
 /// naming it, beside its failed ADD.
 #[test]
 fn a_missing_nad_should_post_a_no_network_found_warning() {
-    let n = node(
-        "k8s-event-nonet",
-        vec![(
-            "ns1",
-            "lost",
-            "uid-lost",
-            json!({"k8s.v1.cni.cncf.io/networks": "ghost"}),
-        )],
-        vec![],
-    );
+    let n = one_pod("k8s-event-nonet", "lost", "ghost", json!({}));
     let ns = Netns::new();
-    let add = Call::new("ADD", "k8sevent2", &ns, "eth0")
-        .args(&pod_args("ns1", "lost", "uid-lost"))
-        .run(&n.daemon);
-    failed(&n.daemon, &add);
-    wait_until(T, "the pod's warning", || !n.api.pod_events().is_empty());
-    let events = n.api.pod_events();
-    assert_eq!(events.len(), 1, "{events:#?}");
-    let e = &events[0];
+    failed(&n.daemon, &pod_call(&n, "ADD", "k8sevent2", "lost", &ns));
+    let e = &the_event(&n);
     assert_eq!(e["reason"], "NoNetworkFound");
     assert_eq!(e["type"], "Warning");
     assert_eq!(e["involvedObject"]["uid"], "uid-lost");
@@ -381,43 +374,17 @@ fn a_missing_nad_should_post_a_no_network_found_warning() {
 /// failing, ADDs succeed all the same.
 #[test]
 fn events_should_be_optional_and_never_fail_an_add() {
-    let n = node_with(
-        "k8s-event-off",
-        vec![("ns1", "quiet", "uid-quiet", json!({}))],
-        vec![],
-        json!({"podEvents": false}),
-    );
+    let n = one_pod("k8s-event-off", "quiet", "", json!({"podEvents": false}));
     let ns = Netns::new();
-    let args = pod_args("ns1", "quiet", "uid-quiet");
-    ok(
-        &n.daemon,
-        &Call::new("ADD", "k8sevent3", &ns, "eth0")
-            .args(&args)
-            .run(&n.daemon),
-    );
-    ok(
-        &n.daemon,
-        &Call::new("DEL", "k8sevent3", &ns, "eth0")
-            .args(&args)
-            .run(&n.daemon),
-    );
+    ok(&n.daemon, &pod_call(&n, "ADD", "k8sevent3", "quiet", &ns));
+    ok(&n.daemon, &pod_call(&n, "DEL", "k8sevent3", "quiet", &ns));
     assert!(n.api.pod_events().is_empty(), "{:#?}", n.api.pod_events());
     assert!(!n.api.log().iter().any(|r| r.is_event_post()));
 
-    let m = node(
-        "k8s-event-fail",
-        vec![("ns1", "loud", "uid-loud", json!({}))],
-        vec![],
-    );
+    let m = one_pod("k8s-event-fail", "loud", "", json!({}));
     m.api.fail_next("/events", 500, 10);
     let ns = Netns::new();
-    let args = pod_args("ns1", "loud", "uid-loud");
-    ok(
-        &m.daemon,
-        &Call::new("ADD", "k8sevent4", &ns, "eth0")
-            .args(&args)
-            .run(&m.daemon),
-    );
+    ok(&m.daemon, &pod_call(&m, "ADD", "k8sevent4", "loud", &ns));
     wait_until(T, "the event's attempt", || {
         m.api.log().iter().any(|r| r.is_event_post())
     });
@@ -431,23 +398,9 @@ fn events_should_be_optional_and_never_fail_an_add() {
 /// asks the cluster network, as multus's does.
 #[test]
 fn check_and_status_of_a_pod_should_cover_its_networks() {
-    let n = node(
-        "k8s-check",
-        vec![(
-            "ns1",
-            "chk",
-            "uid-chk",
-            json!({"k8s.v1.cni.cncf.io/networks": "blue, shared/red@red0"}),
-        )],
-        vec![],
-    );
+    let n = one_pod("k8s-check", "chk", "blue, shared/red@red0", json!({}));
     let ns = Netns::new();
-    let args = pod_args("ns1", "chk", "uid-chk");
-    let call = |command: &str| {
-        Call::new(command, "k8scheck1", &ns, "eth0")
-            .args(&args)
-            .run(&n.daemon)
-    };
+    let call = |command: &str| pod_call(&n, command, "k8scheck1", "chk", &ns);
     ok(&n.daemon, &call("ADD"));
     let mark = n.api.mark();
     ok(&n.daemon, &call("CHECK"));

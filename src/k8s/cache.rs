@@ -139,6 +139,13 @@ impl<V> Cache<V> {
         let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
         entries.sorted.len()
     }
+
+    /// The first `Some` that `f` gives of the values, in key order: a
+    /// scan, for small caches looked up by something else than the key.
+    pub fn find_map<R>(&self, f: impl FnMut(&V) -> Option<R>) -> Option<R> {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries.sorted.iter().map(|e| &e.value).find_map(f)
+    }
 }
 
 /// Applies one watch's events to its cache.

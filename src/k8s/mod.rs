@@ -25,12 +25,14 @@
 //!   (a refused certificate, 401 Unauthorized).
 //! - A pod the cache does not hold yet (a fresh pod racing the watch) costs
 //!   one GET, bounded by `requestTimeout`, never a failure for a slow cache.
-//! - Pod planning (`selection::pod`) reads the NADs and the kubelet's
-//!   devices through [`Source`]'s [`Cluster`] implementation.
+//! - Pod planning (`selection::pod`) reads the NADs, the kubelet's
+//!   devices and those of the pod's ResourceClaims ([`dra`]) through
+//!   [`Source`]'s [`Cluster`] implementation.
 //! - Nothing here is needed for DEL: DEL runs from the attachment records.
 
 mod cache;
 pub mod devices;
+pub mod dra;
 pub mod events;
 mod nad;
 mod pod;
@@ -182,6 +184,8 @@ pub struct Source {
     errors: WatchErrors,
     stop: CancellationToken,
     events: events::Poster,
+    /// Devices from Dynamic Resource Allocation.
+    dra: dra::Dra,
 }
 
 /// Cache name -> the last error of its watch, while it is failing.
@@ -298,7 +302,14 @@ impl Source {
             &stop,
         );
 
+        let dra = dra::Dra::new(
+            client.clone(),
+            config.node_name.clone(),
+            config.request_timeout,
+            stop.clone(),
+        );
         Ok(Self {
+            dra,
             client,
             config,
             pods,
@@ -436,6 +447,16 @@ impl Cluster for Source {
         self.config
             .devices
             .pod_devices(pod.namespace, pod.name, pod.uid)
+            .await
+            .map_err(|e| DevicesError {
+                transient: e.is_transient(),
+                error: Box::new(e),
+            })
+    }
+
+    async fn pod_claim_devices(&self, pod: &planning::Pod<'_>) -> Result<DeviceIds, DevicesError> {
+        self.dra
+            .pod_devices(pod.namespace, pod.uid)
             .await
             .map_err(|e| DevicesError {
                 transient: e.is_transient(),

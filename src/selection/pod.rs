@@ -83,6 +83,12 @@ pub trait Cluster {
     /// Every device the kubelet gave `pod`, by resource. Planning asks
     /// at most once per ADD, and only when a network names a resource.
     async fn pod_devices(&self, pod: &Pod<'_>) -> Result<DeviceIds, DevicesError>;
+
+    /// The devices of `pod`'s ResourceClaims (Dynamic Resource
+    /// Allocation), by the resource name their driver published. Planning
+    /// asks at most once per ADD, and only when a network names a
+    /// resource of which [`Cluster::pod_devices`] had no device left.
+    async fn pod_claim_devices(&self, pod: &Pod<'_>) -> Result<DeviceIds, DevicesError>;
 }
 
 /// What planning asks of the network configurations.
@@ -443,23 +449,33 @@ impl<C: Cluster, N: Configs> Planner<'_, C, N> {
         })
     }
 
-    /// The pod's next device of `resource`; the cluster is asked on the
-    /// first call only.
+    /// The pod's next device of `resource`: of those the kubelet gave
+    /// (asked on the first call), then of those of the pod's claims
+    /// (asked on the first call that finds none left).
     async fn take_device(&mut self, resource: &str) -> Result<Option<String>, Error<N::Error>> {
-        if self.devices.is_none() {
-            let pod = &self.request.pod;
-            let ids = self
-                .cluster
-                .pod_devices(pod)
-                .await
-                .map_err(|source| Error::Devices {
-                    pod: pod.display(),
-                    resource: resource.to_string(),
-                    source,
-                })?;
-            self.devices = Some(Devices::new(ids));
+        let pod = self.request.pod;
+        let failed = |source| Error::Devices {
+            pod: pod.display(),
+            resource: resource.to_string(),
+            source,
+        };
+        let devices = match &mut self.devices {
+            Some(d) => d,
+            None => {
+                let ids = self.cluster.pod_devices(&pod).await.map_err(failed)?;
+                self.devices.insert(Devices::new(ids))
+            }
+        };
+        if let Some(id) = devices.take(resource) {
+            return Ok(Some(id));
         }
-        Ok(self.devices.as_mut().and_then(|d| d.take(resource)))
+        if devices.claims_asked {
+            return Ok(None);
+        }
+        devices.claims_asked = true;
+        let more = self.cluster.pod_claim_devices(&pod).await.map_err(failed)?;
+        devices.add(more);
+        Ok(devices.take(resource))
     }
 }
 
@@ -467,6 +483,8 @@ impl<C: Cluster, N: Configs> Planner<'_, C, N> {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct Devices {
     by_resource: BTreeMap<String, (Vec<String>, usize)>,
+    /// Whether the pod's claims were asked for theirs.
+    claims_asked: bool,
 }
 
 impl Devices {
@@ -481,6 +499,19 @@ impl Devices {
                     (k, (ids, 0))
                 })
                 .collect(),
+            claims_asked: false,
+        }
+    }
+
+    /// Adds the devices of the pod's claims: per resource, sorted, after
+    /// those already there (some may have been handed out), none twice.
+    fn add(&mut self, more: DeviceIds) {
+        for (resource, mut ids) in more {
+            ids.sort();
+            ids.dedup();
+            let (have, _) = self.by_resource.entry(resource).or_default();
+            ids.retain(|id| !have.contains(id));
+            have.extend(ids);
         }
     }
 

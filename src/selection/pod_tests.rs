@@ -10,7 +10,8 @@ use serde_json::json;
 use super::*;
 use crate::selection::annotation::{DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION};
 
-/// NADs, and the kubelet's devices of the pod, asked for counted.
+/// NADs, the kubelet's devices of the pod and those of its claims, asked
+/// for counted.
 #[derive(Default)]
 struct FakeCluster {
     nads: HashMap<(String, String), Nad>,
@@ -18,6 +19,10 @@ struct FakeCluster {
     /// The kubelet fails: `Some(transient)`.
     fails: Option<bool>,
     asked: Cell<usize>,
+    claim_devices: DeviceIds,
+    /// Reading the claims fails: `Some(transient)`.
+    claims_fail: Option<bool>,
+    claims_asked: Cell<usize>,
 }
 
 impl FakeCluster {
@@ -61,6 +66,18 @@ impl Cluster for FakeCluster {
                 error: "kubelet is restarting".into(),
             }),
             None => Ok(self.devices.clone()),
+        }
+    }
+
+    async fn pod_claim_devices(&self, pod: &Pod<'_>) -> Result<DeviceIds, DevicesError> {
+        self.claims_asked.set(self.claims_asked.get() + 1);
+        assert_eq!((pod.namespace, pod.uid), ("ns1", "uid-api"));
+        match self.claims_fail {
+            Some(transient) => Err(DevicesError {
+                transient,
+                error: "cannot list the ResourceClaims of namespace ns1".into(),
+            }),
+            None => Ok(self.claim_devices.clone()),
         }
     }
 }
@@ -324,6 +341,8 @@ async fn devices_should_be_taken_in_network_order_from_one_kubelet_answer() {
         .await
         .unwrap();
     assert_eq!(cluster.asked.get(), 1);
+    // r3 found none left: the claims were asked, once, and had none.
+    assert_eq!(cluster.claims_asked.get(), 1);
     let device = |i: usize| plan[i].list.plugins[0].get("deviceID").cloned();
     assert_eq!(device(2), None);
     assert_eq!(device(3), Some(json!("0000:03:00.1")));
@@ -346,6 +365,78 @@ async fn devices_should_be_taken_in_network_order_from_one_kubelet_answer() {
 }
 
 #[tokio::test]
+async fn claims_should_be_asked_once_and_only_when_the_kubelet_has_no_device_left() {
+    let mut cluster = FakeCluster::default()
+        .nad_with("ns1", "plugin", sriov("plugin"), Some("vendor/vf"))
+        .nad_with("ns1", "dra1", sriov("dra1"), Some("dra/nic"))
+        .nad_with("ns1", "dra2", sriov("dra2"), Some("dra/nic"))
+        .nad_with("ns1", "dra3", sriov("dra3"), Some("dra/nic"));
+    cluster.devices = BTreeMap::from([("vendor/vf".to_string(), vec!["0000:03:00.1".to_string()])]);
+    // The kubelet's own device of the resource stays first; the claims'
+    // come after it, sorted, the one both report once.
+    cluster.claim_devices = BTreeMap::from([(
+        "dra/nic".to_string(),
+        vec!["0000:3b:02.4".to_string(), "0000:3b:02.3".to_string()],
+    )]);
+    let device = |plan: &[Network], i: usize| plan[i].list.plugins[0].get("deviceID").cloned();
+
+    // Only the device plugin's resource: the claims are never read.
+    let plan = Call::new("ns1")
+        .networks("plugin")
+        .plan(&cluster)
+        .await
+        .unwrap();
+    assert_eq!(device(&plan, 2), Some(json!("0000:03:00.1")));
+    assert_eq!(cluster.claims_asked.get(), 0);
+
+    let plan = Call::new("ns1")
+        .networks("plugin, dra1, dra2, dra3")
+        .plan(&cluster)
+        .await
+        .unwrap();
+    assert_eq!((cluster.asked.get(), cluster.claims_asked.get()), (2, 1));
+    assert_eq!(device(&plan, 2), Some(json!("0000:03:00.1")));
+    assert_eq!(device(&plan, 3), Some(json!("0000:3b:02.3")));
+    assert_eq!(device(&plan, 4), Some(json!("0000:3b:02.4")));
+    assert_eq!(device(&plan, 5), None);
+    // The same device-info handling as a device plugin's device.
+    let rc = plan[3].capability_args.as_ref().unwrap();
+    assert_eq!(rc["deviceID"], "0000:3b:02.3");
+    assert_eq!(plan[3].list.plugins[0]["pciBusID"], "0000:3b:02.3");
+    assert_eq!(
+        plan[3]
+            .copy_device_info
+            .as_ref()
+            .map(|(from, _)| from.clone()),
+        Some(crate::device_info::dp_file(
+            Path::new("/devinfo"),
+            "dra/nic",
+            "0000:3b:02.3"
+        ))
+    );
+}
+
+#[tokio::test]
+async fn a_claims_failure_should_name_the_pod_and_the_resource() {
+    for transient in [true, false] {
+        let cluster = FakeCluster {
+            claims_fail: Some(transient),
+            ..FakeCluster::default().nad_with("ns1", "r1", sriov("r1"), Some("dra/nic"))
+        };
+        let e = Call::new("ns1")
+            .networks("r1")
+            .plan(&cluster)
+            .await
+            .unwrap_err();
+        assert_eq!(e.is_transient(), transient, "{e}");
+        assert_eq!(
+            e.to_string(),
+            "pod ns1/p: the devices of resource \"dra/nic\": cannot list the ResourceClaims of namespace ns1"
+        );
+    }
+}
+
+#[tokio::test]
 async fn the_kubelet_should_not_be_asked_when_no_network_names_a_resource() {
     let cluster = FakeCluster {
         fails: Some(true),
@@ -358,6 +449,7 @@ async fn the_kubelet_should_not_be_asked_when_no_network_names_a_resource() {
         .unwrap();
     assert_eq!(plan.len(), 3);
     assert_eq!(cluster.asked.get(), 0);
+    assert_eq!(cluster.claims_asked.get(), 0);
 }
 
 #[tokio::test]
@@ -527,5 +619,20 @@ fn devices_should_be_sorted_and_handed_out_once() {
     assert_eq!(d.take("intel.com/sriov").as_deref(), Some("0000:03:00.1"));
     assert_eq!(d.take("intel.com/sriov").as_deref(), Some("0000:03:00.2"));
     assert_eq!(d.take("intel.com/sriov"), None);
+    assert_eq!(d.take("other"), None);
+    d.add(BTreeMap::from([
+        (
+            "intel.com/sriov".to_string(),
+            vec!["0000:03:00.3".to_string(), "0000:03:00.1".to_string()],
+        ),
+        (
+            "other".to_string(),
+            vec!["b".to_string(), "a".to_string(), "a".to_string()],
+        ),
+    ]));
+    assert_eq!(d.take("intel.com/sriov").as_deref(), Some("0000:03:00.3"));
+    assert_eq!(d.take("intel.com/sriov"), None);
+    assert_eq!(d.take("other").as_deref(), Some("a"));
+    assert_eq!(d.take("other").as_deref(), Some("b"));
     assert_eq!(d.take("other"), None);
 }

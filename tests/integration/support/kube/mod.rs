@@ -1,5 +1,6 @@
-//! A small Kubernetes API server for tests: pods and
-//! NetworkAttachmentDefinitions, served in the real wire format.
+//! A small Kubernetes API server for tests: pods,
+//! NetworkAttachmentDefinitions, ResourceClaims and ResourceSlices, served
+//! in the real wire format.
 //!
 //! What it speaks, as the real API server does:
 //! - lists with `metadata.resourceVersion`, full objects or, when the
@@ -13,7 +14,8 @@
 //!   `Expired`. Unlike etcd, a later page shows the objects as they are
 //!   now, not as they were at the first page: changes in between reach
 //!   the client again through its watch from that resourceVersion;
-//! - `fieldSelector=spec.nodeName=<node>` and `metadata.name=<name>` on pods;
+//! - `fieldSelector=spec.nodeName=<node>` and `metadata.name=<name>` on pods,
+//!   `spec.nodeName` and `spec.driver` on ResourceSlices;
 //! - watches (`watch=true`, `resourceVersion`, `allowWatchBookmarks`,
 //!   `timeoutSeconds`) as a chunked stream of `{"type":..,"object":..}`
 //!   lines, with `BOOKMARK` events and, for a resourceVersion older than the
@@ -32,7 +34,8 @@
 //! to count API calls.
 //!
 //! Here: the server, its state and the steering; `requests`: answering one
-//! request; `wire`: the wire format's pieces; `bulk`: the made-up cluster.
+//! request; `wire`: the wire format's pieces; `bulk`: the made-up cluster;
+//! `dra`: ResourceClaims and ResourceSlices (resource.k8s.io/v1).
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::{SocketAddr, TcpListener as StdListener};
@@ -45,11 +48,13 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 mod bulk;
+mod dra;
 mod requests;
 mod wire;
 
 use bulk::Bulk;
 pub use bulk::{BulkConfigs, BulkSpec};
+pub use dra::SliceDevice;
 
 use requests::handle;
 
@@ -71,6 +76,10 @@ pub fn pod_args(ns: &str, name: &str, uid: &str) -> String {
 const PODS: &str = "pods";
 /// NetworkAttachmentDefinitions: k8s.cni.cncf.io/v1.
 const NADS: &str = "network-attachment-definitions";
+/// ResourceClaims (namespaced) and ResourceSlices (cluster-scoped):
+/// resource.k8s.io/v1.
+const RESOURCE_CLAIMS: &str = "resourceclaims";
+const RESOURCE_SLICES: &str = "resourceslices";
 /// Events kept for watches; older resourceVersions get 410 Gone.
 const HISTORY: usize = 1000;
 
@@ -184,14 +193,16 @@ impl std::ops::Sub for Traffic {
 struct TrafficCounters {
     pods: Counters,
     nads: Counters,
+    /// Every other resource.
+    other: Counters,
 }
 
 impl TrafficCounters {
     fn of(&self, resource: &str) -> &Counters {
-        if resource == PODS {
-            &self.pods
-        } else {
-            &self.nads
+        match resource {
+            PODS => &self.pods,
+            NADS => &self.nads,
+            _ => &self.other,
         }
     }
 }
@@ -484,6 +495,11 @@ impl FakeApi {
         });
     }
 
+    /// Forgets the failures asked for that have not happened yet.
+    pub fn clear_failures(&self) {
+        self.lock().injected.clear();
+    }
+
     /// While true, every request waits before it is answered (watches
     /// already open keep streaming).
     pub fn stall(&self, on: bool) {
@@ -678,10 +694,11 @@ impl State {
 }
 
 fn kind_of(resource: &str) -> (&'static str, &'static str) {
-    if resource == PODS {
-        ("Pod", "v1")
-    } else {
-        ("NetworkAttachmentDefinition", "k8s.cni.cncf.io/v1")
+    match resource {
+        PODS => ("Pod", "v1"),
+        RESOURCE_CLAIMS => ("ResourceClaim", "resource.k8s.io/v1"),
+        RESOURCE_SLICES => ("ResourceSlice", "resource.k8s.io/v1"),
+        _ => ("NetworkAttachmentDefinition", "k8s.cni.cncf.io/v1"),
     }
 }
 

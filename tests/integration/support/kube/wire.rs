@@ -13,7 +13,7 @@ use hyper::{Response, StatusCode};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::{NADS, PODS};
+use super::{NADS, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES};
 
 pub(super) type Reply = Response<ReplyBody>;
 
@@ -147,19 +147,27 @@ pub(super) fn events_namespace(path: &str) -> Option<&str> {
 
 pub(super) fn route(path: &str) -> Option<Target> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (rest, resource) = match parts.as_slice() {
-        ["api", "v1", rest @ ..] => (rest, PODS),
-        ["apis", "k8s.cni.cncf.io", "v1", rest @ ..] => (rest, NADS),
+    let (rest, resources): (&[&str], &[&'static str]) = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => (rest, &[PODS]),
+        ["apis", "k8s.cni.cncf.io", "v1", rest @ ..] => (rest, &[NADS]),
+        ["apis", "resource.k8s.io", "v1", rest @ ..] => (rest, &[RESOURCE_CLAIMS, RESOURCE_SLICES]),
         _ => return None,
     };
     let (namespace, rest) = match rest {
         ["namespaces", ns, rest @ ..] => (Some(ns.to_string()), rest),
         rest => (None, rest),
     };
+    let resource = *resources.iter().find(|r| rest.first() == Some(*r))?;
+    // ResourceSlices are cluster-scoped, ResourceClaims namespaced.
+    if (resource == RESOURCE_SLICES && namespace.is_some())
+        || (resource == RESOURCE_CLAIMS && namespace.is_none() && rest.len() > 1)
+    {
+        return None;
+    }
     let (name, status) = match rest {
-        [r] if *r == resource => (None, false),
-        [r, name] if *r == resource => (Some(name.to_string()), false),
-        [r, name, "status"] if *r == resource && resource == PODS => (Some(name.to_string()), true),
+        [_] => (None, false),
+        [_, name] => (Some(name.to_string()), false),
+        [_, name, "status"] if resource == PODS => (Some(name.to_string()), true),
         _ => return None,
     };
     Some(Target {
@@ -187,6 +195,7 @@ pub(super) fn selected(object: &Value, field_selector: Option<&str>) -> bool {
     selected_by(
         |field| match field {
             "spec.nodeName" => object["spec"]["nodeName"].as_str().map(str::to_string),
+            "spec.driver" => object["spec"]["driver"].as_str().map(str::to_string),
             "metadata.name" => object["metadata"]["name"].as_str().map(str::to_string),
             "metadata.namespace" => object["metadata"]["namespace"].as_str().map(str::to_string),
             _ => None,

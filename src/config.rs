@@ -93,6 +93,37 @@ const KNOWN_KEYS: &[&str] = &[
     "logOptions",
 ];
 
+/// The known key nearest to `key`, when one is near enough to be what
+/// was meant: the same but for case, or a few letters off (a typo such
+/// as `conectionLimit`).
+pub fn nearest_known_key(key: &str) -> Option<&'static str> {
+    let lower = key.to_ascii_lowercase();
+    KNOWN_KEYS
+        .iter()
+        .map(|k| (edit_distance(&lower, &k.to_ascii_lowercase()), *k))
+        .filter(|(d, k)| *d <= 2.max(k.len() / 5) && *d < k.len() / 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let up = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != *cb))
+                .min(up + 1)
+                .min(row[j] + 1);
+            diagonal = up;
+        }
+    }
+    row[b.len()]
+}
+
 /// One problem with the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {

@@ -283,3 +283,20 @@ fn zero_idle_timeout_should_mean_off() {
         Some(Duration::from_secs(3))
     );
 }
+
+#[test]
+fn the_nearest_known_key_should_be_suggested_for_a_typo_only() {
+    assert_eq!(
+        super::nearest_known_key("conectionLimit"),
+        Some("connectionLimit")
+    );
+    assert_eq!(super::nearest_known_key("socketdir"), Some("socketDir"));
+    assert_eq!(
+        super::nearest_known_key("cluster_network"),
+        Some("clusterNetwork")
+    );
+    assert_eq!(super::nearest_known_key("binDirs"), Some("binDir"));
+    assert_eq!(super::nearest_known_key("colour"), None);
+    assert_eq!(super::nearest_known_key("x"), None);
+    assert_eq!(super::nearest_known_key(""), None);
+}

@@ -13,7 +13,8 @@
 //!   only. The sticky bit stops others from renaming or removing the
 //!   root-owned entries below it, so `/tmp/x/sock` is fine when `/tmp/x`
 //!   is root's and not writable by others; `/tmp` itself as the directory
-//!   the daemon writes into is not.
+//!   the daemon writes into, or holding a file it writes (`/tmp/x.log`),
+//!   is not.
 //!
 //! Components that do not exist yet end the walk: the daemon creates them
 //! itself (mode 0700), and callers check again once they exist, so a
@@ -146,7 +147,14 @@ fn walk(path: &Path, target: Target) -> Result<(), Untrusted> {
             continue;
         }
         if ft.is_dir() {
-            check_dir_meta(&next, &meta, last && target == Target::Dir)?;
+            // The directory a written file goes into is as much the target
+            // as a directory written into: sticky or not, others must not
+            // be able to create entries there (a planted file or symlink
+            // under the file's name).
+            let holds_file = target == Target::File
+                && pending.len() == 1
+                && pending.front().is_some_and(|n| n != "..");
+            check_dir_meta(&next, &meta, (last && target == Target::Dir) || holds_file)?;
         } else if last && target == Target::Input {
             // Same owner and write rule as a directory the daemon uses.
             check_dir_meta(&next, &meta, true)?;
@@ -258,6 +266,16 @@ mod tests {
         ));
         chmod(&d, 0o1777);
         assert!(matches!(check_dir(&d), Err(Untrusted::Writable { .. })));
+        // A file directly in a sticky directory (a logFile in /tmp).
+        assert!(matches!(
+            check_file(&d.join("log")),
+            Err(Untrusted::Writable { mode: 0o1777, .. })
+        ));
+        // Below a private directory of it, fine.
+        let below = d.join("private");
+        fs::create_dir(&below).unwrap();
+        chmod(&below, 0o755);
+        check_file(&below.join("log")).unwrap();
         chmod(&d, 0o775);
         assert!(matches!(check_dir(&d), Err(Untrusted::Writable { .. })));
     }

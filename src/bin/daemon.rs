@@ -9,7 +9,7 @@ use plexus::daemon::{self, Exit};
 use plexus::{autoconf, cni, config, names};
 
 /// EX_CONFIG: the configuration is wrong; systemd does not restart on it.
-const EXIT_CONFIG: u8 = 78;
+const EXIT_CONFIG: u8 = daemon::EXIT_CONFIG;
 /// EX_OSERR: the operating system refused something we need.
 const EXIT_OS: u8 = 71;
 
@@ -39,18 +39,13 @@ fn main() -> ExitCode {
         None => {}
     }
     if args.check_config {
-        for key in &config.unknown_keys {
-            eprintln!(
-                "plexusd: warning: {}: unknown key {key:?} is ignored",
-                config.path.display()
-            );
-        }
-        if let Err(e) = config.check_paths(config::PathScope { socket_dir: true }) {
-            eprintln!("plexusd: {e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-        println!("{}: configuration is valid", config.path.display());
-        return ExitCode::SUCCESS;
+        let code = daemon::check::run(
+            &config,
+            args.strict,
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        );
+        return ExitCode::from(code);
     }
     match daemon::main(config) {
         Exit::Stopped(_) => ExitCode::SUCCESS,

@@ -21,6 +21,12 @@ use crate::notify::{self, Notifier};
 use crate::server::{self, Handler, Readiness, Shared};
 use crate::{cni, k8s, logging, readiness_file};
 
+pub mod check;
+
+/// The exit status for a configuration that is wrong (EX_CONFIG); systemd
+/// does not restart on it (`RestartPreventExitStatus=78`).
+pub const EXIT_CONFIG: u8 = 78;
+
 /// Most threads of the blocking pool (see where the runtime is built).
 const BLOCKING_THREADS: usize = 64;
 /// How long an idle blocking-pool thread stays (tokio's default is 10 s).
@@ -75,7 +81,8 @@ pub fn main(config: config::Config) -> Exit {
         return Exit::Config;
     }
     for key in &config.unknown_keys {
-        warn!(file = %config.path.display(), key, "unknown configuration key is ignored");
+        let nearest = config::nearest_known_key(key).unwrap_or_default();
+        warn!(file = %config.path.display(), key, did_you_mean = nearest, "unknown configuration key is ignored");
     }
     let inherited = match inherited {
         Ok(l) => l,

@@ -100,6 +100,16 @@ impl Networks {
     /// every call (files may appear or change later; unchanged files are
     /// not read again), so this only warns; it returns the problems found.
     pub async fn preflight(&self) -> Vec<String> {
+        self.preflight_problems()
+            .await
+            .into_iter()
+            .map(|p| p.msg)
+            .collect()
+    }
+
+    /// [`Networks::preflight`]'s problems, each saying whether the network
+    /// itself could not be loaded or its plugins are at fault.
+    pub async fn preflight_problems(&self) -> Vec<PreflightProblem> {
         let mut problems = Vec::new();
         let cfg = self.selection.base();
         if !cfg.has_networks() {
@@ -109,14 +119,29 @@ impl Networks {
             match list {
                 Ok(list) => {
                     if let Err(e) = self.engine.check_plugins(&list).await {
-                        problems.push(e.msg);
+                        problems.push(PreflightProblem {
+                            loaded: true,
+                            msg: e.msg,
+                        });
                     }
                 }
-                Err(e) => problems.push(e.msg),
+                Err(e) => problems.push(PreflightProblem {
+                    loaded: false,
+                    msg: e.msg,
+                }),
             }
         }
         problems
     }
+}
+
+/// A configured network that will not work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreflightProblem {
+    /// The network was loaded (its plugins are at fault); else it could
+    /// not be found or read.
+    pub loaded: bool,
+    pub msg: String,
 }
 
 impl Handler for Networks {

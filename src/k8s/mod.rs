@@ -256,32 +256,41 @@ pub fn host_node_name() -> String {
         .unwrap_or_default()
 }
 
+/// The client's settings, from the kubeconfig or the in-cluster service
+/// account, with `requestTimeout` for connecting and writing; no request
+/// is made. What start-up needs before it can watch anything, and what
+/// `--check-config` checks.
+pub async fn client_config(config: &Config) -> Result<kube::Config, Error> {
+    let mut client_config = match &config.kubeconfig {
+        Some(path) => {
+            let p = path.clone();
+            let kubeconfig =
+                tokio::task::spawn_blocking(move || kube::config::Kubeconfig::read_from(&p))
+                    .await
+                    .map_err(|e| Error::Client(kube::Error::Service(Box::new(e))))?
+                    .map_err(|source| Error::Kubeconfig {
+                        path: path.clone(),
+                        source,
+                    })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|source| Error::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                })?
+        }
+        None => kube::Config::incluster().map_err(Error::InCluster)?,
+    };
+    client_config.connect_timeout = Some(config.request_timeout);
+    client_config.write_timeout = Some(config.request_timeout);
+    Ok(client_config)
+}
+
 impl Source {
     /// Builds the client and starts both watches on the current runtime.
     /// Does not wait for anything: see [`Source::wait_synced`].
     pub async fn start(config: Config) -> Result<Self, Error> {
-        let mut client_config = match &config.kubeconfig {
-            Some(path) => {
-                let p = path.clone();
-                let kubeconfig =
-                    tokio::task::spawn_blocking(move || kube::config::Kubeconfig::read_from(&p))
-                        .await
-                        .map_err(|e| Error::Client(kube::Error::Service(Box::new(e))))?
-                        .map_err(|source| Error::Kubeconfig {
-                            path: path.clone(),
-                            source,
-                        })?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                    .await
-                    .map_err(|source| Error::Kubeconfig {
-                        path: path.clone(),
-                        source,
-                    })?
-            }
-            None => kube::Config::incluster().map_err(Error::InCluster)?,
-        };
-        client_config.connect_timeout = Some(config.request_timeout);
-        client_config.write_timeout = Some(config.request_timeout);
+        let client_config = client_config(&config).await?;
         let client = kube::Client::try_from(client_config).map_err(Error::Client)?;
         let stop = CancellationToken::new();
 

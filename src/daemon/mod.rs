@@ -559,30 +559,69 @@ fn status_line<H: Handler>(shared: &Shared<H>) -> String {
     }
 }
 
-type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+/// The signals plexusd handles: the ones that stop it (SIGTERM, SIGINT,
+/// SIGQUIT: a drain, then exit, the socket path released when it bound
+/// it), and the ones whose default action would kill it without a word
+/// (SIGHUP, SIGUSR1, SIGUSR2: logged and ignored).
+#[derive(Debug)]
+struct Signals {
+    stop: Vec<(&'static str, tokio::signal::unix::Signal)>,
+    ignored: Vec<(&'static str, tokio::signal::unix::Signal)>,
+}
 
 fn signals() -> std::io::Result<Signals> {
     use tokio::signal::unix::{signal, SignalKind};
-    Ok((
-        signal(SignalKind::terminate())?,
-        signal(SignalKind::interrupt())?,
-    ))
+    Ok(Signals {
+        stop: vec![
+            ("SIGTERM", signal(SignalKind::terminate())?),
+            ("SIGINT", signal(SignalKind::interrupt())?),
+            ("SIGQUIT", signal(SignalKind::quit())?),
+        ],
+        ignored: vec![
+            ("SIGHUP", signal(SignalKind::hangup())?),
+            ("SIGUSR1", signal(SignalKind::user_defined1())?),
+            ("SIGUSR2", signal(SignalKind::user_defined2())?),
+        ],
+    })
+}
+
+/// The first of `signals` to arrive (never, if there are none).
+async fn next_signal(signals: &mut [(&'static str, tokio::signal::unix::Signal)]) -> &'static str {
+    let waits = signals.iter_mut().map(|(name, s)| {
+        Box::pin(async move {
+            s.recv().await;
+            *name
+        })
+    });
+    futures_util::future::select_all(waits).await.0
 }
 
 fn spawn_signal_watch(signals: Signals, trigger: CancellationToken, reason: Arc<Reason>) {
-    let (mut term, mut int) = signals;
+    let Signals {
+        mut stop,
+        mut ignored,
+    } = signals;
     tokio::spawn(async move {
         loop {
-            let name = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-            };
-            if trigger.is_cancelled() {
-                info!(signal = name, "already stopping");
-            } else {
-                info!(signal = name, "stop requested");
-                reason.set(StopReason::Signal);
-                trigger.cancel();
+            tokio::select! {
+                name = next_signal(&mut stop) => {
+                    if trigger.is_cancelled() {
+                        info!(signal = name, "already stopping");
+                    } else {
+                        info!(signal = name, "stop requested");
+                        reason.set(StopReason::Signal);
+                        trigger.cancel();
+                    }
+                }
+                name = next_signal(&mut ignored) => {
+                    info!(
+                        signal = name,
+                        "ignored: nothing is reloaded on a signal. Networks in confDir and \
+                         NetworkAttachmentDefinitions are read as they change; a change of \
+                         daemon-config.json takes a restart (systemctl restart plexusd: systemd \
+                         keeps the socket, so calls wait rather than fail)"
+                    );
+                }
             }
         }
     });

@@ -50,7 +50,9 @@ impl Networks {
         match inv.command {
             Command::Add => {
                 let planned = network().map_err(failure)?;
+                let name = planned.list.name.clone();
                 let res = self.engine.hot_plug(&inv, planned).await.map_err(failure)?;
+                super::call_log::note(&name, &inv.ifname, &res);
                 let out = result::convert(&res, result::LATEST)
                     .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
                 Ok(Reply::Result(out))

@@ -207,6 +207,9 @@ impl Networks {
             set_default_routes(inv, &marks, &added).await?;
         }
         let mut entries = Vec::new();
+        for (a, name) in added.iter().zip(&display) {
+            super::call_log::note(name, &a.ifname, &a.result);
+        }
         for ((a, name), info) in added.iter().zip(&display).zip(&device_info) {
             match status::entries_from_value(name, &a.result, a.primary, info.as_ref()) {
                 Ok(e) => entries.extend(e),

@@ -15,6 +15,7 @@ use crate::cni::{self, Engine, ErrorKind, Planned};
 use crate::k8s;
 use crate::netconf::{self, Invalid, Invocation, NetworkList};
 
+mod call_log;
 mod delegate;
 mod kube;
 use crate::readiness_file::Indicator;
@@ -185,11 +186,13 @@ impl Handler for Networks {
     async fn cni(&self, request: api::Request) -> Result<Reply, Failure> {
         // The server already runs this in a task of its own that outlives
         // the client's connection.
-        self.serve(request).await
+        let meta = call_log::Meta::of(&request, false);
+        call_log::logged(meta, self.serve(request)).await
     }
 
     async fn delegate(&self, request: api::Request) -> Result<Reply, Failure> {
-        self.serve_delegate(request).await
+        let meta = call_log::Meta::of(&request, true);
+        call_log::logged(meta, self.serve_delegate(request)).await
     }
 
     async fn attachments(&self, container_id: String) -> Result<Option<Value>, Failure> {
@@ -324,15 +327,19 @@ impl Networks {
             .plan(cfg, &inv.ifname, requested, config)
             .await
             .map_err(failure)?;
-        let res = self
+        let added = self
             .engine
-            .add(inv, capability_args(config), planned)
+            .add_networks(inv, capability_args(config), planned)
             .await
             .map_err(failure)?;
+        for a in &added {
+            call_log::note(&a.name, &a.ifname, &a.result);
+        }
+        let res = &cni::AddedNetwork::primary(&added).map_err(failure)?.result;
         // Always the newest version, whatever the caller's config says:
         // multus-shim decodes the answer as 1.x and converts it itself,
         // and so does plexus-shim.
-        let out = result::convert(&res, result::LATEST)
+        let out = result::convert(res, result::LATEST)
             .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
         Ok(Reply::Result(out))
     }

@@ -105,6 +105,37 @@ fn status_line_should_follow_requests() {
 }
 
 #[test]
+fn sighup_and_sigusr_should_be_ignored_and_sigquit_should_stop_cleanly() {
+    let dir = TestDir::new("sighup");
+    let mut d = Daemon::start(&dir, "d", json!({}));
+    d.ready();
+    let before = inode(&d.sock).expect("the socket");
+    for (sig, name) in [
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGUSR1, "SIGUSR1"),
+        (libc::SIGUSR2, "SIGUSR2"),
+    ] {
+        d.signal(sig);
+        // Handled (the log says so), and nothing else happened: still
+        // running, the same socket, serving.
+        wait_until(T, "the signal to be handled", || {
+            d.log_text()
+                .lines()
+                .any(|l| l.contains(name) && l.contains("ignored"))
+        });
+        assert!(d.running(), "{name} stopped plexusd");
+        assert_eq!(inode(&d.sock), Some(before), "{name}");
+        assert_eq!(http::healthz(&d.sock), 200, "{name}");
+    }
+    // SIGQUIT: a stop like SIGTERM's, its own socket removed.
+    d.signal(libc::SIGQUIT);
+    let st = d.wait_exit(T);
+    assert!(st.success(), "{st:?}");
+    assert!(!d.sock.exists(), "own socket left behind");
+    assert!(d.notifications().iter().any(|m| m.contains("STOPPING=1")));
+}
+
+#[test]
 fn self_bind_should_make_private_socket_and_remove_it_at_exit() {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let dir = TestDir::new("selfbind");

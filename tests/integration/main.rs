@@ -17,6 +17,7 @@ mod support;
 mod admission;
 mod architecture;
 mod aux_chain;
+mod call_log;
 mod check_config;
 mod client_answers;
 mod cni_faults;

@@ -376,6 +376,31 @@ fn version_should_be_answered_without_a_daemon() {
     assert_eq!(run.success(), expected("1.1.0"));
 }
 
+#[test]
+fn a_person_at_a_shell_should_get_the_version_and_help() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = std::process::Command::new(crate::support::shim::SHIM);
+        c.args(args)
+            .env_remove("CNI_COMMAND")
+            .envs(env.iter().copied());
+        c.output().unwrap()
+    };
+    let out = run(&["--version"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("plexus-shim {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    let out = run(&["--help"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("plexus-shim(8)"));
+    // Under a runtime (CNI_COMMAND set) arguments change nothing: the call
+    // is a CNI call, answered as CNI.
+    let out = run(&["--version"], &[("CNI_COMMAND", "VERSION")]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("supportedVersions"));
+}
+
 // ---------------------------------------------------------------------------
 // The real plexusd
 

@@ -109,7 +109,24 @@ impl Daemon {
             .or_insert_with(|| dir.join("sock").to_string_lossy().into());
         obj.entry("logLevel").or_insert_with(|| "debug".into());
         let sock = PathBuf::from(obj["socketDir"].as_str().unwrap()).join("plexus.sock");
-        Self::spawn(dir, tag, &config, sock, None, env)
+        Self::spawn(dir, tag, &config, sock, None, env, &[])
+    }
+
+    /// [`Daemon::start_env`] with plexusd run by `wrapper` (a command and
+    /// its arguments, plexusd's path and arguments appended).
+    pub fn start_wrapped(
+        dir: &TestDir,
+        tag: &str,
+        mut config: serde_json::Value,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Self {
+        let obj = config.as_object_mut().expect("config object");
+        obj.entry("socketDir")
+            .or_insert_with(|| dir.join("sock").to_string_lossy().into());
+        obj.entry("logLevel").or_insert_with(|| "debug".into());
+        let sock = PathBuf::from(obj["socketDir"].as_str().unwrap()).join("plexus.sock");
+        Self::spawn(dir, tag, &config, sock, None, env, wrapper)
     }
 
     /// Starts plexusd as systemd would: `listener` as fd 3, `LISTEN_FDS=1`,
@@ -121,7 +138,15 @@ impl Daemon {
         listener: &UnixListener,
         sock: &Path,
     ) -> Self {
-        Self::spawn(dir, tag, &config, sock.to_path_buf(), Some(listener), &[])
+        Self::spawn(
+            dir,
+            tag,
+            &config,
+            sock.to_path_buf(),
+            Some(listener),
+            &[],
+            &[],
+        )
     }
 
     fn spawn(
@@ -131,6 +156,7 @@ impl Daemon {
         sock: PathBuf,
         listener: Option<&UnixListener>,
         env: &[(&str, &str)],
+        wrapper: &[&str],
     ) -> Self {
         let cfg = dir.join(&format!("{tag}.json"));
         // plexusd creates its stateDir at start: never the host's.
@@ -146,6 +172,11 @@ impl Daemon {
         let log = dir.join(&format!("{tag}.log"));
         let logf = fs::File::create(&log).unwrap();
         let mut cmd = match listener {
+            None if !wrapper.is_empty() => {
+                let mut c = Command::new(wrapper[0]);
+                c.args(&wrapper[1..]).arg(PLEXUSD);
+                c
+            }
             None => Command::new(PLEXUSD),
             Some(_) => {
                 let mut c = Command::new("sh");

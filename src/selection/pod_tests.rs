@@ -417,26 +417,6 @@ async fn claims_should_be_asked_once_and_only_when_the_kubelet_has_no_device_lef
 }
 
 #[tokio::test]
-async fn a_claims_failure_should_name_the_pod_and_the_resource() {
-    for transient in [true, false] {
-        let cluster = FakeCluster {
-            claims_fail: Some(transient),
-            ..FakeCluster::default().nad_with("ns1", "r1", sriov("r1"), Some("dra/nic"))
-        };
-        let e = Call::new("ns1")
-            .networks("r1")
-            .plan(&cluster)
-            .await
-            .unwrap_err();
-        assert_eq!(e.is_transient(), transient, "{e}");
-        assert_eq!(
-            e.to_string(),
-            "pod ns1/p: the devices of resource \"dra/nic\": cannot list the ResourceClaims of namespace ns1"
-        );
-    }
-}
-
-#[tokio::test]
 async fn the_kubelet_should_not_be_asked_when_no_network_names_a_resource() {
     let cluster = FakeCluster {
         fails: Some(true),
@@ -453,22 +433,34 @@ async fn the_kubelet_should_not_be_asked_when_no_network_names_a_resource() {
 }
 
 #[tokio::test]
-async fn a_kubelet_failure_should_name_the_pod_and_the_resource() {
+async fn a_kubelet_or_claims_failure_should_name_the_pod_and_the_resource() {
     for transient in [true, false] {
-        let cluster = FakeCluster {
+        // The kubelet fails; then the kubelet answers without the
+        // resource and reading the pod's claims fails.
+        let kubelet = FakeCluster {
             fails: Some(transient),
-            ..FakeCluster::default().nad_with("ns1", "r1", sriov("r1"), Some("vendor/vf"))
+            ..FakeCluster::default()
         };
-        let e = Call::new("ns1")
-            .networks("r1")
-            .plan(&cluster)
-            .await
-            .unwrap_err();
-        assert_eq!(e.is_transient(), transient, "{e}");
-        assert_eq!(
-            e.to_string(),
-            "pod ns1/p: the devices of resource \"vendor/vf\": kubelet is restarting"
-        );
+        let claims = FakeCluster {
+            claims_fail: Some(transient),
+            ..FakeCluster::default()
+        };
+        for (cluster, why) in [
+            (kubelet, "kubelet is restarting"),
+            (claims, "cannot list the ResourceClaims of namespace ns1"),
+        ] {
+            let cluster = cluster.nad_with("ns1", "r1", sriov("r1"), Some("vendor/vf"));
+            let e = Call::new("ns1")
+                .networks("r1")
+                .plan(&cluster)
+                .await
+                .unwrap_err();
+            assert_eq!(e.is_transient(), transient, "{e}");
+            assert_eq!(
+                e.to_string(),
+                format!("pod ns1/p: the devices of resource \"vendor/vf\": {why}")
+            );
+        }
     }
 }
 

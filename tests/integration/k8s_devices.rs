@@ -15,7 +15,7 @@ use crate::support::cni::{bridge, conflist, failed, ok, Call, Engine};
 use crate::support::daemon::Daemon;
 use crate::support::kube::{pod_args, FakeApi, NODE};
 use crate::support::kubelet::FakeKubelet;
-use crate::support::netns::{Link, Netns, Subnet};
+use crate::support::netns::{interfaces, Link, Netns, Subnet};
 
 const RESOURCE: &str = "example.com/nic";
 const DEV_A: &str = "0000:00:0a.0";
@@ -143,18 +143,6 @@ fn status_entry(n: &Node, ifname: &str) -> Value {
         .find(|e| e["interface"] == ifname)
         .unwrap_or_else(|| panic!("no {ifname} in {text}"))
         .clone()
-}
-
-/// Every interface of the namespace but lo, each with its addresses.
-fn interfaces(ns: &Netns) -> Vec<(String, Vec<String>)> {
-    let mut v: Vec<(String, Vec<String>)> = ns
-        .ifaces()
-        .into_iter()
-        .filter(|i| i.name != "lo")
-        .map(|i| (i.name, i.addrs))
-        .collect();
-    v.sort();
-    v
 }
 
 fn device_ids(d: &Value) -> (Value, Value, Value) {

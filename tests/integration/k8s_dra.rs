@@ -13,7 +13,7 @@ use crate::support::cni::{bridge, conflist, failed, ok, Call, Engine};
 use crate::support::daemon::Daemon;
 use crate::support::kube::{pod_args, FakeApi, SliceDevice, NODE};
 use crate::support::kubelet::FakeKubelet;
-use crate::support::netns::{Link, Netns, Subnet};
+use crate::support::netns::{interfaces, Link, Netns, Subnet};
 
 const RESOURCE: &str = "example.com/vf";
 const DRIVER: &str = "sriov.example.com";
@@ -143,18 +143,6 @@ fn device_of(n: &Node, id: &str, ifname: &str) -> (Value, Value, Value, Value) {
         d["capabilityArgs"]["deviceID"].clone(),
         d["capabilityArgs"]["CNIDeviceInfoFile"].clone(),
     )
-}
-
-/// Every interface of the namespace but lo, with its addresses, sorted.
-fn interfaces(ns: &Netns) -> Vec<(String, Vec<String>)> {
-    let mut v: Vec<(String, Vec<String>)> = ns
-        .ifaces()
-        .into_iter()
-        .filter(|i| i.name != "lo")
-        .map(|i| (i.name, i.addrs))
-        .collect();
-    v.sort();
-    v
 }
 
 /// The DRA requests since `from` (an index into [`FakeApi::dra_requests`]):

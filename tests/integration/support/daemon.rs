@@ -101,19 +101,15 @@ impl Daemon {
     pub fn start_env(
         dir: &TestDir,
         tag: &str,
-        mut config: serde_json::Value,
+        config: serde_json::Value,
         env: &[(&str, &str)],
     ) -> Self {
-        let obj = config.as_object_mut().expect("config object");
-        obj.entry("socketDir")
-            .or_insert_with(|| dir.join("sock").to_string_lossy().into());
-        obj.entry("logLevel").or_insert_with(|| "debug".into());
-        let sock = PathBuf::from(obj["socketDir"].as_str().unwrap()).join("plexus.sock");
-        Self::spawn(dir, tag, &config, sock, None, env, &[])
+        Self::start_wrapped(dir, tag, config, env, &[])
     }
 
     /// [`Daemon::start_env`] with plexusd run by `wrapper` (a command and
-    /// its arguments, plexusd's path and arguments appended).
+    /// its arguments, plexusd's path and arguments appended; none: plexusd
+    /// itself).
     pub fn start_wrapped(
         dir: &TestDir,
         tag: &str,

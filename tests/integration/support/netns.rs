@@ -312,3 +312,15 @@ pub fn bridge_ports(bridge: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Every interface of `ns` but lo, each with its addresses, sorted by name.
+pub fn interfaces(ns: &Netns) -> Vec<(String, Vec<String>)> {
+    let mut v: Vec<(String, Vec<String>)> = ns
+        .ifaces()
+        .into_iter()
+        .filter(|i| i.name != "lo")
+        .map(|i| (i.name, i.addrs))
+        .collect();
+    v.sort();
+    v
+}

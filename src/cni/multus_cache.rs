@@ -99,6 +99,11 @@ impl CachedDelegate {
         )
     }
 
+    /// The device ID the selection element asked for (`deviceID`).
+    pub fn device_id(&self) -> Option<&str> {
+        self.requests.get("deviceID").and_then(Value::as_str)
+    }
+
     /// The capability arguments multus would give it: the call's, with
     /// the selection element's requests in their place.
     pub fn capability_args(&self, call: &Map<String, Value>) -> Map<String, Value> {

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::cni::state::{read_regular, Unreadable};
-use crate::names::check_ifname;
+use crate::names::{check_ifname, is_valid_name};
 use crate::netconf::{self, ConfigError, NetworkList};
 
 /// multus's default `cniDir`.
@@ -287,6 +287,63 @@ impl Caches {
         Ok(out)
     }
 
+    /// The names in libcni's result cache directory, sorted; none when it
+    /// does not exist.
+    pub fn result_names(&self) -> Result<Vec<String>, Error> {
+        let mut names = list_names(&self.dir.join(RESULTS))?;
+        names.sort();
+        Ok(names)
+    }
+
+    /// libcni's result cache files of `container_id`, once the container
+    /// is gone (for their removal): every readable file that names the
+    /// container and bears the name libcni gives it
+    /// (`<networkName>-<containerId>-<ifName>` of its content), and every
+    /// damaged file ([`Error::Damaged`]) whose name is the container's
+    /// for one of `known`'s `(network, ifname)` pairs, or cannot be any
+    /// other container's (see [`only_reading_is`]). A file that cannot be
+    /// read is its [`Error::Io`]. Nothing else is looked at: a file of a
+    /// container whose id merely starts or ends like this one's is left
+    /// out, and so is a damaged file whose name another id could have
+    /// written. Only reads; blocking.
+    pub fn results_of(
+        &self,
+        container_id: &str,
+        known: &[(String, String)],
+    ) -> Result<Vec<Result<CachedResult, Error>>, Error> {
+        let needle = format!("-{container_id}-");
+        let mut out = Vec::new();
+        for name in self.result_names()? {
+            if !name.contains(&needle) {
+                continue;
+            }
+            match self.read_result(&name) {
+                Ok(Some(r)) if is_own(&r, &name, container_id) => out.push(Ok(r)),
+                Ok(_) => {}
+                Err(e @ Error::Damaged { .. }) => {
+                    let exact = known
+                        .iter()
+                        .any(|(net, ifname)| name == format!("{net}-{container_id}-{ifname}"));
+                    if exact || only_reading_is(&name, container_id, None) {
+                        out.push(Err(e));
+                    }
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Result cache file `name`, read and parsed but its names not
+    /// compared; `None` when it is gone.
+    fn read_result(&self, name: &str) -> Result<Option<CachedResult>, Error> {
+        let path = self.dir.join(RESULTS).join(name);
+        match read(&path)? {
+            Some(text) => parse_result(&path, &text).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Removes a cache file (no error when it is gone already).
     pub fn remove(&self, path: &Path) -> Result<(), Error> {
         match fs::remove_file(path) {
@@ -299,6 +356,41 @@ impl Caches {
             }),
         }
     }
+}
+
+/// Whether result `r`, read from the file called `name`, is
+/// `container_id`'s: it names the container, and the file bears the name
+/// libcni gives it.
+fn is_own(r: &CachedResult, name: &str, container_id: &str) -> bool {
+    r.container_id == container_id && name == format!("{}-{container_id}-{}", r.network, r.ifname)
+}
+
+/// Whether result cache file name `name` can only be `container_id`'s:
+/// of every way to read it as `<network>-<containerID>-<ifname>` (each a
+/// valid name; the network `network` when given), at least one reads
+/// `container_id` and none another id. Names and ids may hold `-`, so
+/// `n-a-b-eth0` is container `a`'s on `b-eth0` as well as `a-b`'s on
+/// `eth0`, and belongs to neither by its name alone.
+fn only_reading_is(name: &str, container_id: &str, network: Option<&str>) -> bool {
+    let dashes: Vec<usize> = name.match_indices('-').map(|(i, _)| i).collect();
+    let mut ours = false;
+    for (k, &a) in dashes.iter().enumerate() {
+        let net = &name[..a];
+        if network.is_some_and(|n| n != net) || !is_valid_name(net) {
+            continue;
+        }
+        for &b in &dashes[k + 1..] {
+            let (id, ifname) = (&name[a + 1..b], &name[b + 1..]);
+            if !netconf::is_valid_container_id(id) || check_ifname(ifname).is_err() {
+                continue;
+            }
+            if id != container_id {
+                return false;
+            }
+            ours = true;
+        }
+    }
+    ours
 }
 
 /// [`read_regular`] of a cache file.

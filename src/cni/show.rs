@@ -108,6 +108,7 @@ mod tests {
     fn a_summary_should_show_the_container_side_interface_and_its_addresses() {
         let mut record = Record::new("c1");
         record.attachments.push(super::super::state::Attachment {
+            fell_back: false,
             hot_plugged_into: None,
             cleanup: None,
             ifname: "eth0".into(),

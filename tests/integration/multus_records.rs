@@ -410,6 +410,7 @@ fn a_damaged_delegate_cache_should_be_moved_aside_and_del_should_fall_back() {
     fs::write(n.delegate_cache("md-a"), &half).unwrap();
     symlink(n.delegate_cache("md-c"), n.delegate_cache("md-b")).unwrap();
     let c_cache = fs::read(n.delegate_cache("md-c")).unwrap();
+    let a_result = fs::read(n.result_cache("md-main", "md-a", "eth0")).unwrap();
     let d = n.start("md-main");
 
     // a: set aside as it was, and the configured network DELed instead.
@@ -425,6 +426,8 @@ fn a_damaged_delegate_cache_should_be_moved_aside_and_del_should_fall_back() {
     assert!(!ns_a.has_link("eth0"), "{:?}", ns_a.ifaces());
     assert_eq!(n.e.reservations("md-main"), vec![bare(&addr_c)]);
     assert_ne!(addr_a, addr_c);
+    // The fallback succeeded: a's result cache went with it.
+    assert_eq!(n.result_caches_of("md-a"), Vec::<String>::new());
 
     // b: the link itself is moved, never followed; c is untouched.
     ok(&d, &call("DEL", "md-b", &ns_b).run(&d));
@@ -438,7 +441,6 @@ fn a_damaged_delegate_cache_should_be_moved_aside_and_del_should_fall_back() {
     // c's result cache replaced by a's (it names md-a): moved aside, and
     // c's DEL goes on from its delegate cache without a prevResult.
     let c_result = n.result_cache("md-main", "md-c", "eth0");
-    let a_result = fs::read(n.result_cache("md-main", "md-a", "eth0")).unwrap();
     fs::write(&c_result, &a_result).unwrap();
     ok(&d, &call("DEL", "md-c", &ns_c).run(&d));
     assert!(!ns_c.has_link("eth0"), "{:?}", ns_c.ifaces());

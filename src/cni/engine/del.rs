@@ -232,6 +232,7 @@ impl Engine {
             // fails here stays recorded for the next DEL.
             let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
             record.attachments.push(Attachment {
+                fell_back: true,
                 hot_plugged_into: None,
                 cleanup: None,
                 ifname: inv.ifname.clone(),
@@ -335,6 +336,20 @@ impl Engine {
                 left.push(d.clone());
             }
             errors.extend(errs);
+        }
+        // Whatever libcni cached for the container at multus's ADDs goes
+        // once a fallback's networks are all DELed: the delegate cache that
+        // named those networks is gone or damaged, and the plugins' GC
+        // would otherwise keep listing them as valid.
+        if att.fell_back && errors.is_empty() {
+            let known = att
+                .delegates
+                .iter()
+                .map(|d| (d.name.clone(), d.ifname.clone()))
+                .collect();
+            if let Err(e) = self.remove_multus_results(&inv.container_id, known).await {
+                errors.push(e);
+            }
         }
         left.reverse();
         if let Some(a) = record.attachment_mut(&inv.ifname) {

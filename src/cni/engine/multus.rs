@@ -109,6 +109,51 @@ impl Engine {
             .map_err(super::Error::state)
     }
 
+    /// After a DEL of `id` that fell back to the configured networks and
+    /// succeeded: removes the result caches libcni kept for it (see
+    /// [`Caches::results_of`]; `known`: the `(network, ifname)` pairs the
+    /// fallback ran), so that the plugins' GC stops listing them as
+    /// valid; damaged ones are moved aside. Every file is tried; the
+    /// errors are joined. The caller holds the container's lock.
+    pub(super) async fn remove_multus_results(
+        &self,
+        id: &str,
+        known: Vec<(String, String)>,
+    ) -> Result<(), super::Error> {
+        let caches = self.multus.clone();
+        let state_dir = self.config.state_dir.clone();
+        let cid = id.to_string();
+        let errors = blocking(move || {
+            let found = match caches.results_of(&cid, &known) {
+                Ok(f) => f,
+                Err(e) => return vec![super::Error::state(e)],
+            };
+            let mut errors = Vec::new();
+            for r in found {
+                let done = match r {
+                    Ok(r) => caches.remove(&r.path).map_err(super::Error::state).map(|()| {
+                        tracing::info!(container_id = %cid, file = %r.path.display(), "multus's result cache of a container whose DEL fell back removed");
+                    }),
+                    Err(e) if e.is_damaged() => set_aside(&state_dir, &caches, &cid, &e).map(|_| ()),
+                    Err(e) => Err(super::Error::state(e)),
+                };
+                if let Err(e) = done {
+                    errors.push(e);
+                }
+            }
+            errors
+        })
+        .await?;
+        match errors.len() {
+            0 => Ok(()),
+            _ => Err(super::Error::join(
+                Command::Del,
+                &format!("the multus result caches of container {id:?}"),
+                errors,
+            )),
+        }
+    }
+
     /// The device-info files of delegate `d` at `index` on `ifname`, which
     /// multus's DEL removes: `<dir>/cni/<multus name>-<id>_<ifname>` when
     /// the delegate has a device ID (the selection element's, which multus

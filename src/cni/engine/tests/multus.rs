@@ -231,3 +231,56 @@ async fn a_failed_del_of_a_multus_network_should_keep_its_device_info_file() {
     del(&r.engine, "m1", "eth0").await.unwrap();
     assert!(list_dir_names(&info).is_empty());
 }
+
+/// A DEL that falls back (its delegate cache was damaged) removes, once
+/// it succeeded, libcni's result caches of that container only, and moves
+/// a damaged one aside.
+#[tokio::test]
+async fn a_fallback_del_should_remove_the_containers_result_caches_once_it_succeeded() {
+    let r = rig();
+    let dir = r._dir.path().join("multus");
+    let results = dir.join("results");
+    std::fs::create_dir_all(&results).unwrap();
+    std::fs::write(dir.join("m1"), b"[{\"Name\":").unwrap();
+    let entry = |cid: &str, net: &str, ifname: &str| {
+        json!({"kind": "cniCacheV1", "containerId": cid, "ifName": ifname,
+               "networkName": net, "result": {"cniVersion": "1.1.0"}})
+        .to_string()
+    };
+    std::fs::write(results.join("n-m1-eth0"), entry("m1", "n", "eth0")).unwrap();
+    std::fs::write(
+        results.join("my-lan-m1-net1"),
+        entry("m1", "my-lan", "net1"),
+    )
+    .unwrap();
+    std::fs::write(results.join("n-m1-x-eth0"), entry("m1-x", "n", "eth0")).unwrap();
+    std::fs::write(results.join("n-m10-eth0"), entry("m10", "n", "eth0")).unwrap();
+    std::fs::write(results.join("n-m1-net2"), b"{").unwrap();
+    let n = net("n", &["a"]);
+    // The configured network's DEL fails first: everything stays.
+    r.runner.script("a", "DEL", Act::Fail(11, "busy"));
+    let fallback = || async { Ok::<_, Error>(vec![plan(net("n", &["a"]), "eth0", true)]) };
+    r.engine
+        .del(&call(Command::Del, "m1", "eth0"), Map::new(), fallback)
+        .await
+        .unwrap_err();
+    let all = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    assert_eq!(list_dir_names(&results).len(), 5);
+    r.runner.script("a", "DEL", Act::Succeed);
+    let fallback = || async { Ok::<_, Error>(vec![plan(n, "eth0", true)]) };
+    r.engine
+        .del(&call(Command::Del, "m1", "eth0"), Map::new(), fallback)
+        .await
+        .unwrap();
+    assert_eq!(r.runner.runs("DEL"), ["a/m1/eth0", "a/m1/eth0"]);
+    assert_eq!(all(list_dir_names(&results)), ["n-m1-x-eth0", "n-m10-eth0"]);
+    let aside = all(list_dir_names(
+        &r._dir.path().join("attachments/damaged/m1"),
+    ));
+    assert_eq!(aside.len(), 2, "{aside:?}");
+    assert!(aside[0].ends_with(".multus-m1"), "{aside:?}");
+    assert!(aside[1].ends_with(".multus-results-n-m1-net2"), "{aside:?}");
+}

@@ -131,6 +131,18 @@ pub struct CachedResult {
     pub config_version: Option<String>,
 }
 
+/// One network of a container multus attached, as `show` reports it.
+#[derive(Debug)]
+pub struct SeenNetwork {
+    pub delegate: CachedDelegate,
+    /// The interface multus gave it; `None` for a primary on the runtime's
+    /// `CNI_IFNAME` when no result cache tells which that was.
+    pub ifname: Option<String>,
+    /// libcni's cached ADD of it; a file that is damaged or cannot be
+    /// read is its error.
+    pub result: Result<Option<CachedResult>, Error>,
+}
+
 /// multus's caches in one `cniDir`.
 #[derive(Debug, Clone)]
 pub struct Caches {
@@ -285,6 +297,103 @@ impl Caches {
             }
         }
         Ok(out)
+    }
+
+    /// What multus left for `container_id`, for `show`: its networks in
+    /// multus's order, each with the interface name multus gave it and
+    /// libcni's cached ADD. Reads only: nothing is moved, removed or
+    /// followed. A damaged delegate cache is the error; a damaged result
+    /// cache is its network's. The primary's interface, when it is the
+    /// runtime's `CNI_IFNAME` (which multus does not cache), is the one
+    /// in the name of the primary network's result cache for the
+    /// container (its content naming the same); `names` is
+    /// [`Caches::result_names`] when already listed. Blocking.
+    pub fn seen(
+        &self,
+        container_id: &str,
+        names: Option<&[String]>,
+    ) -> Result<Option<Vec<SeenNetwork>>, Error> {
+        let Some(delegates) = self.load(container_id)? else {
+            return Ok(None);
+        };
+        let mut out = Vec::with_capacity(delegates.len());
+        for (i, d) in delegates.iter().enumerate() {
+            let (ifname, result) = if d.takes_call_ifname(i) {
+                self.seen_primary(container_id, &delegates, names)
+            } else {
+                let ifname = d.ifname(i, "");
+                let result = self.load_result(&d.network, container_id, &ifname);
+                (Some(ifname), result)
+            };
+            out.push(SeenNetwork {
+                delegate: d.clone(),
+                ifname,
+                result,
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// The interface and cached ADD of primary `delegates[0]`, which took
+    /// the runtime's `CNI_IFNAME`: from the first file named
+    /// `<network>-<containerID>-<ifname>` whose content says so (an
+    /// interface another delegate of the same network has is not it). A
+    /// damaged file stands for it only when no readable one does and its
+    /// name can be no other container's.
+    fn seen_primary(
+        &self,
+        container_id: &str,
+        delegates: &[CachedDelegate],
+        names: Option<&[String]>,
+    ) -> (Option<String>, Result<Option<CachedResult>, Error>) {
+        let listed;
+        let names = match names {
+            Some(n) => n,
+            None => match self.result_names() {
+                Ok(n) => {
+                    listed = n;
+                    &listed
+                }
+                Err(e) => return (None, Err(e)),
+            },
+        };
+        let Some(primary) = delegates.first() else {
+            return (None, Ok(None));
+        };
+        let taken: Vec<String> = delegates
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, d)| d.network == primary.network)
+            .map(|(i, d)| d.ifname(i, ""))
+            .collect();
+        let prefix = format!("{}-{container_id}-", primary.network);
+        let mut damaged = None;
+        for name in names {
+            let Some(ifname) = name.strip_prefix(&prefix) else {
+                continue;
+            };
+            if check_ifname(ifname).is_err() || taken.iter().any(|t| t == ifname) {
+                continue;
+            }
+            match self.read_result(name) {
+                Ok(Some(r)) if is_own(&r, name, container_id) => {
+                    return (Some(ifname.to_string()), Ok(Some(r)))
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if damaged.is_none()
+                        && only_reading_is(name, container_id, Some(&primary.network))
+                    {
+                        damaged = Some((ifname.to_string(), e));
+                    }
+                }
+            }
+        }
+        match damaged {
+            Some((ifname, e)) => (Some(ifname), Err(e)),
+            None => (None, Ok(None)),
+        }
     }
 
     /// The names in libcni's result cache directory, sorted; none when it

@@ -274,3 +274,64 @@ fn the_result_caches_of_a_container_should_be_its_own_and_no_one_elses() {
     assert_eq!(caches.result_names().unwrap().len(), 10);
     assert!(caches.results_of("none", &[]).unwrap().is_empty());
 }
+
+#[test]
+fn seen_should_name_the_primarys_interface_from_its_own_result_and_move_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = Caches::new(dir.path());
+    let d = dir.path();
+    let main = json!({"cniVersion":"1.0.0","name":"my-net","plugins":[{"type":"bridge"}]});
+    let nad = json!({"cniVersion":"1.0.0","name":"lan","type":"macvlan"});
+    delegates(
+        d,
+        "c1",
+        &json!([
+            {"ConfList":{"plugins":[{"type":"bridge"}]},"Name":"my-net","Bytes":b64(&main)},
+            {"ConfList":{},"Name":"default/lan","Bytes":b64(&nad)},
+            {"ConfList":{},"Name":"default/lan","ifnameRequest":"fast0","Bytes":b64(&nad)}
+        ]),
+    );
+    // The primary on the runtime's "pod0"; a container whose id starts
+    // with c1's has its own on eth0, which is not c1's.
+    write_result(d, "my-net-c1-pod0", &result_entry("c1", "my-net", "pod0"));
+    write_result(
+        d,
+        "my-net-c1-x-eth0",
+        &result_entry("c1-x", "my-net", "eth0"),
+    );
+    fs::write(d.join("results/lan-c1-net1"), b"{").unwrap();
+    let before = caches.result_names().unwrap();
+    let seen = caches.seen("c1", None).unwrap().unwrap();
+    let ifnames: Vec<Option<&str>> = seen.iter().map(|n| n.ifname.as_deref()).collect();
+    assert_eq!(ifnames, [Some("pod0"), Some("net1"), Some("fast0")]);
+    assert_eq!(
+        seen[0].result.as_ref().unwrap().as_ref().unwrap().ifname,
+        "pod0"
+    );
+    // net1's is damaged, and named; fast0 has none.
+    let e = seen[1].result.as_ref().unwrap_err();
+    assert!(
+        e.is_damaged() && e.path().ends_with("results/lan-c1-net1"),
+        "{e}"
+    );
+    assert!(seen[2].result.as_ref().unwrap().is_none());
+    assert_eq!(caches.result_names().unwrap(), before);
+    assert!(d.join("c1").is_file());
+
+    // Without its own result, the primary's interface is unknown: c1-x's
+    // is not taken for it.
+    fs::remove_file(d.join("results/my-net-c1-pod0")).unwrap();
+    let seen = caches
+        .seen("c1", Some(&caches.result_names().unwrap()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen[0].ifname, None);
+    assert!(seen[0].result.as_ref().unwrap().is_none());
+
+    // A damaged delegate cache is the error; a link is not followed.
+    symlink(d.join("c1"), d.join("c2")).unwrap();
+    let e = caches.seen("c2", None).unwrap_err();
+    assert!(e.is_damaged() && e.path() == d.join("c2"), "{e}");
+    assert!(fs::symlink_metadata(d.join("c2")).unwrap().is_symlink());
+    assert!(caches.seen("c3", None).unwrap().is_none());
+}

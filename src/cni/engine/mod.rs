@@ -377,19 +377,21 @@ impl Engine {
             .map_err(Error::config)
     }
 
-    /// What is recorded for `container_id` (see [`show::summary`]);
-    /// `None` when nothing is, or the id is not a valid container id.
-    /// A damaged record is reported as such. Reads only, without a lock.
+    /// What is known of `container_id` (see [`show::lookup`]): its
+    /// record, else what multus cached for it (marked as such); `None`
+    /// when neither knows it, or the id is not a valid container id. A
+    /// damaged record or cache is reported as such. Reads only, without a
+    /// lock, on the blocking pool.
     pub async fn attachments(&self, container_id: &str) -> Result<Option<Value>, Error> {
         if !netconf::is_valid_container_id(container_id) {
             return Ok(None);
         }
         let store = self.store.clone();
+        let caches = self.multus.clone();
         let cid = container_id.to_string();
-        match blocking(move || store.load(&cid)).await? {
-            Ok(record) => Ok(record.as_ref().map(show::summary)),
-            Err(e) if e.is_damaged() => Ok(Some(show::damaged_summary(container_id, &e))),
-            Err(e) => Err(Error::state(e)),
-        }
+        blocking(move || show::lookup(store.as_ref(), &caches, &cid, None))
+            .await?
+            .map(|shown| shown.map(|s| s.summary))
+            .map_err(Error::state)
     }
 }

@@ -6,6 +6,7 @@
 
 use std::fs;
 use std::os::unix::fs::symlink;
+use std::path::PathBuf;
 
 use serde_json::json;
 
@@ -262,4 +263,128 @@ fn a_damaged_cache_on_another_file_system_should_be_moved_aside_where_it_is() {
     assert!(n.e.reservations("mx-main").is_empty());
     assert!(n.e.state_dir.join("attachments/damaged").join(id).is_dir());
     ok(&d, &call("DEL", id, &ns).run(&d));
+}
+
+/// After a DEL that fell back (the delegate cache was damaged), libcni's
+/// result caches of that container go once the DEL succeeded, and only
+/// its: not those of containers whose ids start or end like its own; a
+/// result cache that is a symbolic link is moved aside, never followed.
+#[test]
+fn a_fallback_del_should_remove_the_containers_result_caches_and_no_one_elses() {
+    let n = Node::new("mc-fbres");
+    let (br1, br2) = (Link::bridge(), Link::bridge());
+    let (s1, s2) = (Subnet::new(), Subnet::new());
+    let main = cluster(&n.e, "mf-main", &br1, &s1);
+    let nets = || {
+        [
+            Net::list(&main),
+            Net::single("default", &extra(&n.e, "mf-extra", &br2, &s2)),
+        ]
+    };
+    let (ns_a, ns_longer, ns_ending) = (Netns::new(), Netns::new(), Netns::new());
+    // "mf-a-2" starts like "mf-a", "x-mf-a" ends like it; network names
+    // hold '-' too.
+    n.multus_add("mf-a", &ns_a, &nets());
+    n.multus_add("mf-a-2", &ns_longer, &nets());
+    n.multus_add("x-mf-a", &ns_ending, &nets());
+    let others: Vec<(PathBuf, Vec<u8>)> = ["mf-a-2", "x-mf-a"]
+        .iter()
+        .flat_map(|id| {
+            [
+                n.result_cache("mf-main", id, "eth0"),
+                n.result_cache("mf-extra", id, "net1"),
+            ]
+        })
+        .map(|p| {
+            let bytes = fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    // mf-a's delegate cache cut short, and its primary's result cache a
+    // symbolic link to a file elsewhere.
+    let whole = fs::read(n.delegate_cache("mf-a")).unwrap();
+    fs::write(n.delegate_cache("mf-a"), &whole[..whole.len() / 2]).unwrap();
+    let target = n.e.dir.join("target");
+    fs::write(&target, b"not a cache").unwrap();
+    let primary = n.result_cache("mf-main", "mf-a", "eth0");
+    fs::remove_file(&primary).unwrap();
+    symlink(&target, &primary).unwrap();
+    let d = n.start("mf-main");
+
+    ok(&d, &call("DEL", "mf-a", &ns_a).run(&d));
+    assert!(!ns_a.has_link("eth0"), "{:?}", ns_a.ifaces());
+    // Its result caches are gone: the readable one removed, the link
+    // moved aside as it was, its target untouched.
+    assert!(!n.result_cache("mf-extra", "mf-a", "net1").exists());
+    assert!(fs::symlink_metadata(&primary).is_err(), "link left");
+    let aside = n.damaged("mf-a");
+    let link = aside
+        .iter()
+        .find(|p| {
+            p.to_string_lossy()
+                .ends_with(".multus-results-mf-main-mf-a-eth0")
+        })
+        .unwrap_or_else(|| panic!("{aside:?}"));
+    assert_eq!(fs::read_link(link).unwrap(), target);
+    assert_eq!(fs::read(&target).unwrap(), b"not a cache");
+    // The others' are as they were, and their DELs work from them.
+    for (p, bytes) in &others {
+        assert_eq!(&fs::read(p).unwrap(), bytes, "{}", p.display());
+    }
+    ok(&d, &call("DEL", "mf-a-2", &ns_longer).run(&d));
+    ok(&d, &call("DEL", "x-mf-a", &ns_ending).run(&d));
+    for ns in [&ns_longer, &ns_ending] {
+        assert!(
+            !ns.has_link("eth0") && !ns.has_link("net1"),
+            "{:?}",
+            ns.ifaces()
+        );
+    }
+    assert_eq!(list_dir(&n.cni_dir.join("results")), Vec::<String>::new());
+}
+
+/// multus's device-info files: a network's goes with its DEL, as in
+/// multus; another container's stays; one that is a symbolic link is left
+/// as it is, and its target survives.
+#[test]
+fn del_should_remove_a_multus_containers_device_info_files_and_follow_no_link() {
+    let n = Node::new("mc-devinfo");
+    let (br1, br2) = (Link::bridge(), Link::bridge());
+    let (s1, s2) = (Subnet::new(), Subnet::new());
+    let main = cluster(&n.e, "mv-main", &br1, &s1);
+    let nets = || {
+        [
+            Net::list(&main),
+            Net::single("default", &extra(&n.e, "mv-sriov", &br2, &s2)).with_device("0000:18:02.5"),
+        ]
+    };
+    let (ns_a, ns_b, ns_c) = (Netns::new(), Netns::new(), Netns::new());
+    n.multus_add("mv-a", &ns_a, &nets());
+    n.multus_add("mv-b", &ns_b, &nets());
+    n.multus_add("mv-c", &ns_c, &nets());
+    let [_, sriov] = nets();
+    let info = |id: &str| n.device_info(&sriov, id, "net1");
+    assert!(info("mv-a").ends_with("cni/default-mv-sriov-mv-a_net1"));
+    assert!(info("mv-a").is_file() && info("mv-b").is_file());
+    // mv-c's is a link to a file elsewhere.
+    let target = n.e.dir.join("target");
+    fs::write(&target, b"keep").unwrap();
+    fs::remove_file(info("mv-c")).unwrap();
+    symlink(&target, info("mv-c")).unwrap();
+    let d = n.start("mv-main");
+
+    ok(&d, &call("DEL", "mv-a", &ns_a).run(&d));
+    assert!(!ns_a.has_link("net1"), "{:?}", ns_a.ifaces());
+    assert!(!info("mv-a").exists(), "mv-a's device-info file left");
+    assert!(info("mv-b").is_file(), "mv-b's device-info file removed");
+
+    ok(&d, &call("DEL", "mv-c", &ns_c).run(&d));
+    assert!(!ns_c.has_link("net1"), "{:?}", ns_c.ifaces());
+    assert_eq!(fs::read_link(info("mv-c")).unwrap(), target);
+    assert_eq!(fs::read(&target).unwrap(), b"keep");
+    assert!(info("mv-b").is_file(), "mv-b's device-info file removed");
+
+    ok(&d, &call("DEL", "mv-b", &ns_b).run(&d));
+    assert!(!info("mv-b").exists(), "mv-b's device-info file left");
+    assert!(n.e.reservations("mv-sriov").is_empty());
 }

@@ -26,6 +26,8 @@ pub struct Net {
     pub conflist: bool,
     /// The selection element's `interface`, if any.
     pub ifname_request: Option<String>,
+    /// The device a device plugin gave it (the element's `deviceID`).
+    pub device_id: Option<String>,
 }
 
 impl Net {
@@ -36,6 +38,7 @@ impl Net {
             bytes: serde_json::to_vec(config).unwrap(),
             conflist: true,
             ifname_request: None,
+            device_id: None,
         }
     }
 
@@ -46,7 +49,14 @@ impl Net {
             bytes: serde_json::to_vec(config).unwrap(),
             conflist: false,
             ifname_request: None,
+            device_id: None,
         }
+    }
+
+    /// With device `id`, as a NAD with a `resourceName` gets it.
+    pub fn with_device(mut self, id: &str) -> Self {
+        self.device_id = Some(id.to_string());
+        self
     }
 
     pub fn config(&self) -> Value {
@@ -114,6 +124,9 @@ impl Net {
         if let Some(i) = &self.ifname_request {
             e["ifnameRequest"] = json!(i);
         }
+        if let Some(id) = &self.device_id {
+            e["deviceID"] = json!(id);
+        }
         e["IsFilterV4Gateway"] = json!(false);
         e["IsFilterV6Gateway"] = json!(false);
         e["Bytes"] = json!(b64(&self.bytes));
@@ -168,19 +181,27 @@ pub fn write_private(path: &Path, body: &[u8]) {
 pub struct Node {
     pub e: Engine,
     pub cni_dir: PathBuf,
+    /// plexusd's (and multus's) `deviceInfoDir`.
+    pub devinfo: PathBuf,
 }
 
 impl Node {
     pub fn new(name: &str) -> Self {
         let e = Engine::new(name);
         let cni_dir = e.dir.join("multus");
-        Node { e, cni_dir }
+        let devinfo = e.dir.join("devinfo");
+        Node {
+            e,
+            cni_dir,
+            devinfo,
+        }
     }
 
     /// plexusd with `cluster` as clusterNetwork and multus's cniDir.
     pub fn start(&self, cluster: &str) -> Daemon {
         let mut config = self.e.config(cluster, "20s");
         config["cniDir"] = json!(self.cni_dir);
+        config["deviceInfoDir"] = json!(self.devinfo);
         let mut d = Daemon::start(&self.e.dir, "d", config);
         d.ready();
         d
@@ -204,6 +225,15 @@ impl Node {
             .collect()
     }
 
+    /// The device-info file multus names for network `net` of container
+    /// `id` on `ifname` when the network has a device ID (and is not the
+    /// primary): `<devinfo>/cni/<display>-<id>_<ifname>`, `/` as `-`.
+    pub fn device_info(&self, net: &Net, id: &str, ifname: &str) -> PathBuf {
+        self.devinfo
+            .join("cni")
+            .join(format!("{}-{id}_{ifname}", net.display).replace('/', "-"))
+    }
+
     /// The plugin `type`: the test's fakes first, then Debian's.
     pub fn plugin(&self, name: &str) -> PathBuf {
         let fake = self.e.bin_dir.join(name);
@@ -216,7 +246,10 @@ impl Node {
 
     /// Attaches `nets` to container `id` in `ns` as multus's ADD does: the
     /// delegate cache first, then per delegate libcni's AddNetworkList
-    /// (plugins in order, prevResult chained) and its result cache.
+    /// (plugins in order, prevResult chained) and its result cache. A
+    /// network with a device ID (but the primary) gets its device-info
+    /// file first, as multus copies the device plugin's, and libcni caches
+    /// `deviceID` and `CNIDeviceInfoFile` with its capability arguments.
     /// Returns each delegate's final result.
     pub fn multus_add(&self, id: &str, ns: &Netns, nets: &[Net]) -> Vec<Value> {
         let entries: Vec<Value> = nets.iter().map(Net::delegate_entry).collect();
@@ -228,6 +261,16 @@ impl Node {
         let mut results = Vec::new();
         for (i, net) in nets.iter().enumerate() {
             let ifname = net.ifname(i);
+            let mut caps = Map::new();
+            if let Some(device) = net.device_id.as_ref().filter(|_| i > 0) {
+                let file = self.device_info(net, id, &ifname);
+                fs::create_dir_all(file.parent().unwrap()).unwrap();
+                let info =
+                    json!({"type": "pci", "version": "1.1.0", "pci": {"pci-address": device}});
+                fs::write(&file, serde_json::to_vec(&info).unwrap()).unwrap();
+                caps.insert("deviceID".into(), json!(device));
+                caps.insert("CNIDeviceInfoFile".into(), json!(file));
+            }
             let env = call_env("ADD", id, &ns.path, &ifname, &joined(&args));
             let mut prev: Option<Value> = None;
             for mut p in net.plugins() {
@@ -239,7 +282,7 @@ impl Node {
                 prev = Some(run_plugin(&self.plugin(&ty), &env, &stdin));
             }
             let result = prev.unwrap();
-            let cache = json!({
+            let mut cache = json!({
                 "kind": "cniCacheV1",
                 "containerId": id,
                 "config": b64(&net.bytes),
@@ -249,6 +292,9 @@ impl Node {
                 "cniArgs": args.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
                 "result": result,
             });
+            if !caps.is_empty() {
+                cache["capabilityArgs"] = Value::Object(caps);
+            }
             write_private(
                 &self.result_cache(&net.network(), id, &ifname),
                 &serde_json::to_vec(&cache).unwrap(),

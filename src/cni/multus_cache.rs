@@ -13,8 +13,9 @@
 //!   namespace of its ADD.
 //!
 //! Nothing here follows a symbolic link, waits on a FIFO or reads more than
-//! [`MAX_CACHE_BYTES`]; a file that cannot be used is [`Error::Damaged`] and
-//! is moved aside, never deleted. [`Caches`] only reads and removes files,
+//! [`MAX_CACHE_BYTES`]; a file that cannot be used is [`Error::Damaged`],
+//! which the engine moves aside, never deletes, and `show` reports
+//! ([`Caches::seen`] only reads). [`Caches`] only reads and removes files,
 //! blocking. The engine's DEL, CHECK and GC of such containers are
 //! [`crate::cni::engine`]'s (`engine/multus.rs`); docs/records.md says what
 //! they do with the caches.
@@ -410,10 +411,11 @@ impl Caches {
     /// (`<networkName>-<containerId>-<ifName>` of its content), and every
     /// damaged file ([`Error::Damaged`]) whose name is the container's
     /// for one of `known`'s `(network, ifname)` pairs, or cannot be any
-    /// other container's (see [`only_reading_is`]). A file that cannot be
-    /// read is its [`Error::Io`]. Nothing else is looked at: a file of a
-    /// container whose id merely starts or ends like this one's is left
-    /// out, and so is a damaged file whose name another id could have
+    /// other container's (no way of reading it as
+    /// `<network>-<containerID>-<ifname>` gives another id). A file that
+    /// cannot be read is its [`Error::Io`]. Nothing else is taken: a file
+    /// of a container whose id merely starts or ends like this one's is
+    /// left out, and so is a damaged file whose name another id could have
     /// written. Only reads; blocking.
     pub fn results_of(
         &self,

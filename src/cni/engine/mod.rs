@@ -16,7 +16,8 @@
 //!   in the record, naming the runtime's attachment it joined; the DEL of
 //!   that attachment, and GC, take it along (`hotplug.rs`).
 //! - A container multus attached, which has no record, is DELed, CHECKed
-//!   and GCed from multus's caches in its `cniDir` ([`multus_cache`], `multus.rs`).
+//!   and GCed from multus's caches in its `cniDir` ([`multus_cache`], `multus.rs`),
+//!   and shown from them.
 //! - Calls for one container are serialized, within this daemon and with
 //!   any other plexusd on the same stateDir (a lock file per container).
 //!   GC deletes stale attachments one container at a time; only its last

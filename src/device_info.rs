@@ -387,6 +387,65 @@ pub fn is_cni_file(dir: &Path, path: &Path) -> bool {
             .is_some_and(|n| !n.is_empty() && n != "." && n != "..")
 }
 
+/// What [`remove_cni_file`] did with a network's device-info file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removed {
+    /// It was removed.
+    Removed,
+    /// There was none.
+    Missing,
+    /// It is not a regular file directly in the directory's `cni/` (a
+    /// symbolic link, never followed, a directory, a path elsewhere):
+    /// left as it is, for the reason given.
+    LeftAlone(&'static str),
+}
+
+/// After a network's DEL: removes its device-info file `path`, as
+/// multus's DEL does, but only a regular file directly in `<dir>/cni/`.
+/// Neither `cni/` nor the file is followed if it is a symbolic link: the
+/// directory is opened without following one, and the file is looked up
+/// and unlinked relative to it. A missing file is no error. Blocking.
+pub fn remove_cni_file(dir: &Path, path: &Path) -> io::Result<Removed> {
+    use nix::errno::Errno;
+    use nix::fcntl::AtFlags;
+    use nix::sys::stat::{fstatat, SFlag};
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let name = match path.file_name() {
+        Some(n) if is_cni_file(dir, path) => n,
+        _ => return Ok(Removed::LeftAlone("it is not directly in cni/")),
+    };
+    let cni = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir.join("cni"));
+    let cni = match cni {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Removed::Missing),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+            return Ok(Removed::LeftAlone("cni/ is not a directory"))
+        }
+        Err(e) => return Err(e),
+    };
+    let stat = match fstatat(&cni, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(s) => s,
+        Err(Errno::ENOENT) => return Ok(Removed::Missing),
+        Err(e) => return Err(e.into()),
+    };
+    match SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) {
+        SFlag::S_IFREG => {}
+        SFlag::S_IFLNK => return Ok(Removed::LeftAlone("it is a symbolic link")),
+        SFlag::S_IFDIR => return Ok(Removed::LeftAlone("it is a directory")),
+        _ => return Ok(Removed::LeftAlone("it is not a regular file")),
+    }
+    match unlinkat(&cni, name, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) => Ok(Removed::Removed),
+        Err(Errno::ENOENT) => Ok(Removed::Missing),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Before a network's plugin runs: copies the device plugin's file for
 /// the device, if there is one, to the network's device-info file (as
 /// multus). `Ok(false)`: there was none. Blocking.
@@ -467,6 +526,55 @@ mod tests {
             dir,
             Path::new("/var/run/k8s.cni.cncf.io/devinfo/cni")
         ));
+    }
+
+    #[test]
+    fn removal_should_take_only_regular_files_directly_in_cni() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("devinfo");
+        let cni = dir.join("cni");
+        // No cni/ yet: nothing to remove.
+        let file = cni_file(&dir, "default/net", "c1", "net1");
+        assert_eq!(remove_cni_file(&dir, &file).unwrap(), Removed::Missing);
+        std::fs::create_dir_all(&cni).unwrap();
+        std::fs::write(&file, b"{}").unwrap();
+        assert_eq!(remove_cni_file(&dir, &file).unwrap(), Removed::Removed);
+        assert!(!file.exists());
+        assert_eq!(remove_cni_file(&dir, &file).unwrap(), Removed::Missing);
+        // A link is neither followed nor removed; nor is a directory.
+        let target = tmp.path().join("target");
+        std::fs::write(&target, b"keep").unwrap();
+        symlink(&target, &file).unwrap();
+        assert!(matches!(
+            remove_cni_file(&dir, &file).unwrap(),
+            Removed::LeftAlone(_)
+        ));
+        assert!(file.symlink_metadata().is_ok());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        let sub = cni.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(matches!(
+            remove_cni_file(&dir, &sub).unwrap(),
+            Removed::LeftAlone(_)
+        ));
+        assert!(sub.is_dir());
+        // Nothing outside cni/, and nothing through a cni/ that is a link.
+        assert!(matches!(
+            remove_cni_file(&dir, &target).unwrap(),
+            Removed::LeftAlone(_)
+        ));
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("f"), b"keep").unwrap();
+        let linked = tmp.path().join("linked");
+        std::fs::create_dir(&linked).unwrap();
+        symlink(&elsewhere, linked.join("cni")).unwrap();
+        assert!(matches!(
+            remove_cni_file(&linked, &linked.join("cni/f")).unwrap(),
+            Removed::LeftAlone(_)
+        ));
+        assert_eq!(std::fs::read(elsewhere.join("f")).unwrap(), b"keep");
     }
 
     #[test]

@@ -28,6 +28,7 @@ fn loopback_record(container_id: &str, netns: &str) -> Record {
         capability_args: Default::default(),
         hot_plugged_into: None,
         cleanup: None,
+        fell_back: false,
         delegates: vec![Delegate {
             name: "lo".into(),
             ifname: "lo".into(),

@@ -55,19 +55,23 @@ fn main() -> ExitCode {
     }
 }
 
-/// `plexusd show`: prints the recorded attachments; exit 1 when there is
-/// nothing readable recorded for the id asked about. Only reads: it creates,
-/// moves and removes nothing, and takes no lock (records are replaced by
-/// rename, so a read sees a whole old or a whole new record).
+/// `plexusd show`: prints the recorded attachments, and those of the
+/// containers multus attached that plexusd has no record of (from
+/// multus's caches in `cniDir`, marked `"attachedBy": "multus"`); exit 1
+/// when there is nothing readable for the id asked about. Only reads: it
+/// creates, moves and removes nothing, follows no symbolic link, and
+/// takes no lock (records are replaced by rename, so a read sees a whole
+/// old or a whole new record).
 fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
     let store = cni::state::Store::at(&config.cni.state_dir);
+    let caches = cni::multus_cache::Caches::new(&config.cni.cni_dir);
     let ids = match container_id {
         Some(id) if !names::is_valid_name(id) => {
             eprintln!("plexusd: {id:?} is not a valid container id");
             return ExitCode::FAILURE;
         }
         Some(id) => vec![id.to_string()],
-        None => match store.list() {
+        None => match cni::show::ids(&store, &caches) {
             Ok(ids) => ids,
             Err(e) => {
                 eprintln!("plexusd: {e}");
@@ -75,26 +79,38 @@ fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
             }
         },
     };
+    // libcni's result cache, listed once for all the containers: it names
+    // the interfaces of the primaries of those multus attached.
+    let result_names = match container_id {
+        None if !ids.is_empty() => caches.result_names().ok(),
+        _ => None,
+    };
     let mut out = Vec::new();
     let mut damaged = false;
     for id in &ids {
-        match store.load(id) {
-            Ok(Some(r)) => out.push(cni::show::summary(&r)),
+        match cni::show::lookup(&store, &caches, id, result_names.as_deref()) {
+            Ok(Some(shown)) => {
+                // Reported, not moved aside: the daemon does that under
+                // the container's lock.
+                if let Some(why) = &shown.damaged {
+                    eprintln!("plexusd: {why}");
+                    damaged = true;
+                }
+                for why in &shown.damaged_files {
+                    eprintln!("plexusd: {why}");
+                }
+                out.push(shown.summary);
+            }
             Ok(None) if container_id.is_some() => {
                 eprintln!(
-                    "plexusd: nothing is recorded for container {id:?} in {}",
-                    store.dir().display()
+                    "plexusd: nothing is recorded for container {id:?} in {}, and multus \
+                     cached nothing for it in {}",
+                    store.dir().display(),
+                    caches.dir().display()
                 );
                 return ExitCode::FAILURE;
             }
             Ok(None) => {}
-            // Reported, not moved aside: the daemon does that under the
-            // container's lock.
-            Err(e) if e.is_damaged() => {
-                eprintln!("plexusd: {e}");
-                damaged = true;
-                out.push(cni::show::damaged_summary(id, &e));
-            }
             Err(e) => {
                 eprintln!("plexusd: {e}");
                 return ExitCode::FAILURE;
@@ -102,7 +118,11 @@ fn show(config: &config::Config, container_id: Option<&str>) -> ExitCode {
         }
     }
     if container_id.is_none() && out.is_empty() {
-        eprintln!("plexusd: nothing is recorded in {}", store.dir().display());
+        eprintln!(
+            "plexusd: nothing is recorded in {}, and multus cached nothing in {}",
+            store.dir().display(),
+            caches.dir().display()
+        );
     }
     let value = match (container_id, out.len()) {
         (Some(_), 1) => out.remove(0),

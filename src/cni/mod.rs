@@ -12,11 +12,12 @@
 //!   pod's default routes, and the route changes in the pod that follow.
 //! - [`confdir`]: network configurations read from files.
 //! - [`multus_cache`]: multus's caches of the containers it attached, read
-//!   so that the engine can DEL, CHECK and GC them.
+//!   so that the engine can DEL, CHECK and GC them, and `show` show them.
 //! - [`netns`]: which network namespaces a plugin may run in.
 //! - [`parts`]: the traits the engine runs plugins and keeps records
 //!   through, so its logic is tested with fakes.
-//! - [`show`]: records as `plexusd show` prints them.
+//! - [`show`]: records, and what multus cached of the containers it
+//!   attached, as `plexusd show` and `/attachments` print them.
 //!
 //! Nothing here knows about HTTP, the shim or Kubernetes.
 

@@ -13,8 +13,9 @@
 //!   namespace of its ADD.
 //!
 //! Nothing here follows a symbolic link, waits on a FIFO or reads more than
-//! [`MAX_CACHE_BYTES`]; a file that cannot be used is [`Error::Damaged`] and
-//! is moved aside, never deleted. [`Caches`] only reads and removes files,
+//! [`MAX_CACHE_BYTES`]; a file that cannot be used is [`Error::Damaged`],
+//! which the engine moves aside, never deletes, and `show` reports
+//! ([`Caches::seen`] only reads). [`Caches`] only reads and removes files,
 //! blocking. The engine's DEL, CHECK and GC of such containers are
 //! [`crate::cni::engine`]'s (`engine/multus.rs`); docs/records.md says what
 //! they do with the caches.
@@ -27,7 +28,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::cni::state::{read_regular, Unreadable};
-use crate::names::check_ifname;
+use crate::names::{check_ifname, is_valid_name};
 use crate::netconf::{self, ConfigError, NetworkList};
 
 /// multus's default `cniDir`.
@@ -99,6 +100,11 @@ impl CachedDelegate {
         )
     }
 
+    /// The device ID the selection element asked for (`deviceID`).
+    pub fn device_id(&self) -> Option<&str> {
+        self.requests.get("deviceID").and_then(Value::as_str)
+    }
+
     /// The capability arguments multus would give it: the call's, with
     /// the selection element's requests in their place.
     pub fn capability_args(&self, call: &Map<String, Value>) -> Map<String, Value> {
@@ -124,6 +130,18 @@ pub struct CachedResult {
     pub result: Option<Value>,
     /// `cniVersion` of the configuration cached with it.
     pub config_version: Option<String>,
+}
+
+/// One network of a container multus attached, as `show` reports it.
+#[derive(Debug)]
+pub struct SeenNetwork {
+    pub delegate: CachedDelegate,
+    /// The interface multus gave it; `None` for a primary on the runtime's
+    /// `CNI_IFNAME` when no result cache tells which that was.
+    pub ifname: Option<String>,
+    /// libcni's cached ADD of it; a file that is damaged or cannot be
+    /// read is its error.
+    pub result: Result<Option<CachedResult>, Error>,
 }
 
 /// multus's caches in one `cniDir`.
@@ -282,6 +300,161 @@ impl Caches {
         Ok(out)
     }
 
+    /// What multus left for `container_id`, for `show`: its networks in
+    /// multus's order, each with the interface name multus gave it and
+    /// libcni's cached ADD. Reads only: nothing is moved, removed or
+    /// followed. A damaged delegate cache is the error; a damaged result
+    /// cache is its network's. The primary's interface, when it is the
+    /// runtime's `CNI_IFNAME` (which multus does not cache), is the one
+    /// in the name of the primary network's result cache for the
+    /// container (its content naming the same); `names` is
+    /// [`Caches::result_names`] when already listed. Blocking.
+    pub fn seen(
+        &self,
+        container_id: &str,
+        names: Option<&[String]>,
+    ) -> Result<Option<Vec<SeenNetwork>>, Error> {
+        let Some(delegates) = self.load(container_id)? else {
+            return Ok(None);
+        };
+        let mut out = Vec::with_capacity(delegates.len());
+        for (i, d) in delegates.iter().enumerate() {
+            let (ifname, result) = if d.takes_call_ifname(i) {
+                self.seen_primary(container_id, &delegates, names)
+            } else {
+                let ifname = d.ifname(i, "");
+                let result = self.load_result(&d.network, container_id, &ifname);
+                (Some(ifname), result)
+            };
+            out.push(SeenNetwork {
+                delegate: d.clone(),
+                ifname,
+                result,
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// The interface and cached ADD of primary `delegates[0]`, which took
+    /// the runtime's `CNI_IFNAME`: from the first file named
+    /// `<network>-<containerID>-<ifname>` whose content says so (an
+    /// interface another delegate of the same network has is not it). A
+    /// damaged file stands for it only when no readable one does and its
+    /// name can be no other container's.
+    fn seen_primary(
+        &self,
+        container_id: &str,
+        delegates: &[CachedDelegate],
+        names: Option<&[String]>,
+    ) -> (Option<String>, Result<Option<CachedResult>, Error>) {
+        let listed;
+        let names = match names {
+            Some(n) => n,
+            None => match self.result_names() {
+                Ok(n) => {
+                    listed = n;
+                    &listed
+                }
+                Err(e) => return (None, Err(e)),
+            },
+        };
+        let Some(primary) = delegates.first() else {
+            return (None, Ok(None));
+        };
+        let taken: Vec<String> = delegates
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, d)| d.network == primary.network)
+            .map(|(i, d)| d.ifname(i, ""))
+            .collect();
+        let prefix = format!("{}-{container_id}-", primary.network);
+        let mut damaged = None;
+        for name in names {
+            let Some(ifname) = name.strip_prefix(&prefix) else {
+                continue;
+            };
+            if check_ifname(ifname).is_err() || taken.iter().any(|t| t == ifname) {
+                continue;
+            }
+            match self.read_result(name) {
+                Ok(Some(r)) if is_own(&r, name, container_id) => {
+                    return (Some(ifname.to_string()), Ok(Some(r)))
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if damaged.is_none()
+                        && only_reading_is(name, container_id, Some(&primary.network))
+                    {
+                        damaged = Some((ifname.to_string(), e));
+                    }
+                }
+            }
+        }
+        match damaged {
+            Some((ifname, e)) => (Some(ifname), Err(e)),
+            None => (None, Ok(None)),
+        }
+    }
+
+    /// The names in libcni's result cache directory, sorted; none when it
+    /// does not exist.
+    pub fn result_names(&self) -> Result<Vec<String>, Error> {
+        let mut names = list_names(&self.dir.join(RESULTS))?;
+        names.sort();
+        Ok(names)
+    }
+
+    /// libcni's result cache files of `container_id`, once the container
+    /// is gone (for their removal): every readable file that names the
+    /// container and bears the name libcni gives it
+    /// (`<networkName>-<containerId>-<ifName>` of its content), and every
+    /// damaged file ([`Error::Damaged`]) whose name is the container's
+    /// for one of `known`'s `(network, ifname)` pairs, or cannot be any
+    /// other container's (no way of reading it as
+    /// `<network>-<containerID>-<ifname>` gives another id). A file that
+    /// cannot be read is its [`Error::Io`]. Nothing else is taken: a file
+    /// of a container whose id merely starts or ends like this one's is
+    /// left out, and so is a damaged file whose name another id could have
+    /// written. Only reads; blocking.
+    pub fn results_of(
+        &self,
+        container_id: &str,
+        known: &[(String, String)],
+    ) -> Result<Vec<Result<CachedResult, Error>>, Error> {
+        let needle = format!("-{container_id}-");
+        let mut out = Vec::new();
+        for name in self.result_names()? {
+            if !name.contains(&needle) {
+                continue;
+            }
+            match self.read_result(&name) {
+                Ok(Some(r)) if is_own(&r, &name, container_id) => out.push(Ok(r)),
+                Ok(_) => {}
+                Err(e @ Error::Damaged { .. }) => {
+                    let exact = known
+                        .iter()
+                        .any(|(net, ifname)| name == format!("{net}-{container_id}-{ifname}"));
+                    if exact || only_reading_is(&name, container_id, None) {
+                        out.push(Err(e));
+                    }
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Result cache file `name`, read and parsed but its names not
+    /// compared; `None` when it is gone.
+    fn read_result(&self, name: &str) -> Result<Option<CachedResult>, Error> {
+        let path = self.dir.join(RESULTS).join(name);
+        match read(&path)? {
+            Some(text) => parse_result(&path, &text).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Removes a cache file (no error when it is gone already).
     pub fn remove(&self, path: &Path) -> Result<(), Error> {
         match fs::remove_file(path) {
@@ -294,6 +467,41 @@ impl Caches {
             }),
         }
     }
+}
+
+/// Whether result `r`, read from the file called `name`, is
+/// `container_id`'s: it names the container, and the file bears the name
+/// libcni gives it.
+fn is_own(r: &CachedResult, name: &str, container_id: &str) -> bool {
+    r.container_id == container_id && name == format!("{}-{container_id}-{}", r.network, r.ifname)
+}
+
+/// Whether result cache file name `name` can only be `container_id`'s:
+/// of every way to read it as `<network>-<containerID>-<ifname>` (each a
+/// valid name; the network `network` when given), at least one reads
+/// `container_id` and none another id. Names and ids may hold `-`, so
+/// `n-a-b-eth0` is container `a`'s on `b-eth0` as well as `a-b`'s on
+/// `eth0`, and belongs to neither by its name alone.
+fn only_reading_is(name: &str, container_id: &str, network: Option<&str>) -> bool {
+    let dashes: Vec<usize> = name.match_indices('-').map(|(i, _)| i).collect();
+    let mut ours = false;
+    for (k, &a) in dashes.iter().enumerate() {
+        let net = &name[..a];
+        if network.is_some_and(|n| n != net) || !is_valid_name(net) {
+            continue;
+        }
+        for &b in &dashes[k + 1..] {
+            let (id, ifname) = (&name[a + 1..b], &name[b + 1..]);
+            if !netconf::is_valid_container_id(id) || check_ifname(ifname).is_err() {
+                continue;
+            }
+            if id != container_id {
+                return false;
+            }
+            ours = true;
+        }
+    }
+    ours
 }
 
 /// [`read_regular`] of a cache file.

@@ -188,3 +188,150 @@ fn result_caches_should_match_their_name_and_kind() {
         .collect();
     assert_eq!(all, ["n-c1-eth0", "n-c2-eth0"]);
 }
+
+/// A result cache entry as libcni writes it, for `network` of `cid` on
+/// `ifname`.
+fn result_entry(cid: &str, network: &str, ifname: &str) -> Value {
+    json!({"kind":RESULT_KIND,"containerId":cid,"ifName":ifname,"networkName":network,
+           "netns":"/run/netns/x","result":{"cniVersion":"1.0.0","interfaces":[{"name":ifname,"sandbox":"/run/netns/x"}]}})
+}
+
+fn write_result(dir: &Path, file: &str, v: &Value) {
+    fs::create_dir_all(dir.join("results")).unwrap();
+    fs::write(
+        dir.join("results").join(file),
+        serde_json::to_vec(v).unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_file_name_should_be_a_containers_only_when_no_other_id_reads_in_it() {
+    assert!(only_reading_is("n-c1-eth0", "c1", None));
+    assert!(!only_reading_is("n-c1-eth0", "c2", None));
+    // The id, a prefix or suffix of another's, or a network with '-'.
+    assert!(!only_reading_is("n-c1-x-eth0", "c1", None));
+    assert!(!only_reading_is("n-c1-x-eth0", "c1-x", None));
+    assert!(!only_reading_is("my-net-c1-eth0", "c1", None));
+    assert!(only_reading_is("my-net-c1-eth0", "c1", Some("my-net")));
+    assert!(!only_reading_is("my-net-c1-eth0", "c1", Some("net")));
+    // Not a name libcni writes at all.
+    assert!(!only_reading_is("c1-eth0", "c1", None));
+    assert!(!only_reading_is("n-c1-", "c1", None));
+}
+
+#[test]
+fn the_result_caches_of_a_container_should_be_its_own_and_no_one_elses() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = Caches::new(dir.path());
+    let d = dir.path();
+    // c1's, with a network name holding '-' and an interface of its own.
+    write_result(d, "my-net-c1-eth0", &result_entry("c1", "my-net", "eth0"));
+    write_result(d, "n-c1-net-1", &result_entry("c1", "n", "net-1"));
+    // Containers whose ids start or end like c1's, or contain it.
+    write_result(
+        d,
+        "my-net-c1-x-eth0",
+        &result_entry("c1-x", "my-net", "eth0"),
+    );
+    write_result(d, "n-x-c1-eth0", &result_entry("x-c1", "n", "eth0"));
+    write_result(d, "n-c10-eth0", &result_entry("c10", "n", "eth0"));
+    // A copy of c1's under another's name is that one's (damaged) file.
+    write_result(d, "n-c2-eth0", &result_entry("c1", "n", "eth0"));
+    write_result(d, "my-net-c1-x-net9", &result_entry("c1", "my-net", "eth0"));
+    // Damaged: one only c1 can have written; one known by its network;
+    // one another id could have written too.
+    fs::write(d.join("results/n-c1-net2"), b"{").unwrap();
+    symlink(d.join("elsewhere"), d.join("results/lan-c1-net3")).unwrap();
+    fs::write(d.join("results/n-q-c1-net4"), b"{").unwrap();
+    let known = [("lan".to_string(), "net3".to_string())];
+    let mut found: Vec<(String, bool)> = caches
+        .results_of("c1", &known)
+        .unwrap()
+        .into_iter()
+        .map(|r| match r {
+            Ok(r) => (r.path.file_name().unwrap().to_string_lossy().into(), true),
+            Err(e) => {
+                assert!(e.is_damaged(), "{e}");
+                (
+                    e.path().file_name().unwrap().to_string_lossy().into(),
+                    false,
+                )
+            }
+        })
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            ("lan-c1-net3".to_string(), false),
+            ("my-net-c1-eth0".to_string(), true),
+            ("n-c1-net-1".to_string(), true),
+            ("n-c1-net2".to_string(), false),
+        ]
+    );
+    // Only read.
+    assert_eq!(caches.result_names().unwrap().len(), 10);
+    assert!(caches.results_of("none", &[]).unwrap().is_empty());
+}
+
+#[test]
+fn seen_should_name_the_primarys_interface_from_its_own_result_and_move_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = Caches::new(dir.path());
+    let d = dir.path();
+    let main = json!({"cniVersion":"1.0.0","name":"my-net","plugins":[{"type":"bridge"}]});
+    let nad = json!({"cniVersion":"1.0.0","name":"lan","type":"macvlan"});
+    delegates(
+        d,
+        "c1",
+        &json!([
+            {"ConfList":{"plugins":[{"type":"bridge"}]},"Name":"my-net","Bytes":b64(&main)},
+            {"ConfList":{},"Name":"default/lan","Bytes":b64(&nad)},
+            {"ConfList":{},"Name":"default/lan","ifnameRequest":"fast0","Bytes":b64(&nad)}
+        ]),
+    );
+    // The primary on the runtime's "pod0"; a container whose id starts
+    // with c1's has its own on eth0, which is not c1's.
+    write_result(d, "my-net-c1-pod0", &result_entry("c1", "my-net", "pod0"));
+    write_result(
+        d,
+        "my-net-c1-x-eth0",
+        &result_entry("c1-x", "my-net", "eth0"),
+    );
+    fs::write(d.join("results/lan-c1-net1"), b"{").unwrap();
+    let before = caches.result_names().unwrap();
+    let seen = caches.seen("c1", None).unwrap().unwrap();
+    let ifnames: Vec<Option<&str>> = seen.iter().map(|n| n.ifname.as_deref()).collect();
+    assert_eq!(ifnames, [Some("pod0"), Some("net1"), Some("fast0")]);
+    assert_eq!(
+        seen[0].result.as_ref().unwrap().as_ref().unwrap().ifname,
+        "pod0"
+    );
+    // net1's is damaged, and named; fast0 has none.
+    let e = seen[1].result.as_ref().unwrap_err();
+    assert!(
+        e.is_damaged() && e.path().ends_with("results/lan-c1-net1"),
+        "{e}"
+    );
+    assert!(seen[2].result.as_ref().unwrap().is_none());
+    assert_eq!(caches.result_names().unwrap(), before);
+    assert!(d.join("c1").is_file());
+
+    // Without its own result, the primary's interface is unknown: c1-x's
+    // is not taken for it.
+    fs::remove_file(d.join("results/my-net-c1-pod0")).unwrap();
+    let seen = caches
+        .seen("c1", Some(&caches.result_names().unwrap()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen[0].ifname, None);
+    assert!(seen[0].result.as_ref().unwrap().is_none());
+
+    // A damaged delegate cache is the error; a link is not followed.
+    symlink(d.join("c1"), d.join("c2")).unwrap();
+    let e = caches.seen("c2", None).unwrap_err();
+    assert!(e.is_damaged() && e.path() == d.join("c2"), "{e}");
+    assert!(fs::symlink_metadata(d.join("c2")).unwrap().is_symlink());
+    assert!(caches.seen("c3", None).unwrap().is_none());
+}

@@ -47,6 +47,7 @@ mod k8s_source;
 mod kube_fake;
 mod metrics_listener;
 mod multus_records;
+mod multus_show;
 mod multus_socket;
 mod packaging;
 mod plugin_runner;

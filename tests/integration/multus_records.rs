@@ -1,310 +1,20 @@
 //! Containers that multus attached before the node switched to plexusd:
 //! DEL, CHECK and GC from multus's caches in its `cniDir`. Each test attaches
-//! a container as multus would, running Debian's plugins itself with the
-//! environment and stdin libcni gives them, and writes multus's delegate
-//! cache and libcni's result cache from what the plugins returned; then it
-//! calls plexusd through plexus-shim and looks at the namespace,
-//! host-local's store and the cache files. Needs root and iproute2.
+//! a container as multus would ([`crate::support::multus`]); then it calls
+//! plexusd through plexus-shim and looks at the namespace, host-local's
+//! store and the cache files. Needs root and iproute2.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::symlink;
+use std::path::PathBuf;
 
-use base64::Engine as _;
-use serde_json::{json, Map, Value};
+use serde_json::json;
 
-use crate::support::cni::{
-    address, bare, bridge, call_env, conflist, failed, list_dir, ok, Call, Engine, SYSTEM_PLUGINS,
-};
-use crate::support::daemon::Daemon;
+use crate::support::cni::{address, bare, failed, list_dir, ok, SYSTEM_PLUGINS};
+use crate::support::multus::{call, cluster, extra, Net, Node};
 use crate::support::netns::{bridge_ports, Link, Netns, Subnet};
 use crate::support::shim;
 use crate::support::tmpfs::Tmpfs;
-
-/// One network as multus runs and caches it.
-struct Net {
-    /// multus's name for it (`<namespace>/<nad>`, or the network's name).
-    display: String,
-    /// The exact configuration multus runs (the delegate cache's `Bytes`).
-    bytes: Vec<u8>,
-    conflist: bool,
-    /// The selection element's `interface`, if any.
-    ifname_request: Option<String>,
-}
-
-impl Net {
-    /// The cluster network, a list, as multus loads it from a file.
-    fn list(config: &Value) -> Self {
-        Net {
-            display: config["name"].as_str().unwrap().to_string(),
-            bytes: serde_json::to_vec(config).unwrap(),
-            conflist: true,
-            ifname_request: None,
-        }
-    }
-
-    /// A NetworkAttachmentDefinition's single-plugin configuration.
-    fn single(namespace: &str, config: &Value) -> Self {
-        Net {
-            display: format!("{namespace}/{}", config["name"].as_str().unwrap()),
-            bytes: serde_json::to_vec(config).unwrap(),
-            conflist: false,
-            ifname_request: None,
-        }
-    }
-
-    fn config(&self) -> Value {
-        serde_json::from_slice(&self.bytes).unwrap()
-    }
-
-    fn network(&self) -> String {
-        self.config()["name"].as_str().unwrap().to_string()
-    }
-
-    /// multus's interface name for the delegate at `index` (getIfname).
-    fn ifname(&self, index: usize) -> String {
-        match &self.ifname_request {
-            Some(n) => n.clone(),
-            None if index == 0 => "eth0".into(),
-            None => format!("net{index}"),
-        }
-    }
-
-    /// The plugin objects libcni runs, each with `name` and `cniVersion`
-    /// set from the list.
-    fn plugins(&self) -> Vec<Map<String, Value>> {
-        let c = self.config();
-        let raw: Vec<Value> = if self.conflist {
-            c["plugins"].as_array().unwrap().clone()
-        } else {
-            vec![c.clone()]
-        };
-        raw.into_iter()
-            .map(|p| {
-                let mut m = p.as_object().unwrap().clone();
-                m.insert("name".into(), c["name"].clone());
-                m.insert("cniVersion".into(), c["cniVersion"].clone());
-                m
-            })
-            .collect()
-    }
-
-    /// The entry multus's `saveDelegates` writes: Go field names, the
-    /// standard CNI fields in `Conf`/`ConfList` (informational), `Bytes`.
-    fn delegate_entry(&self) -> Value {
-        let c = self.config();
-        let standard = |p: &Value| {
-            json!({"ipam": if p["ipam"].is_object() { json!({"type": p["ipam"]["type"]}) } else { json!({}) },
-                   "type": p["type"]})
-        };
-        let (conf, list) = if self.conflist {
-            let plugins: Vec<Value> = c["plugins"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(standard)
-                .collect();
-            (
-                json!({"ipam": {}}),
-                json!({"cniVersion": c["cniVersion"], "name": c["name"], "plugins": plugins}),
-            )
-        } else {
-            let mut conf = standard(&c);
-            conf["cniVersion"] = c["cniVersion"].clone();
-            conf["name"] = c["name"].clone();
-            (conf, json!({}))
-        };
-        let mut e = json!({"Conf": conf, "ConfList": list, "Name": self.display});
-        if let Some(i) = &self.ifname_request {
-            e["ifnameRequest"] = json!(i);
-        }
-        e["IsFilterV4Gateway"] = json!(false);
-        e["IsFilterV6Gateway"] = json!(false);
-        e["Bytes"] = json!(b64(&self.bytes));
-        e
-    }
-}
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-/// The `CNI_ARGS` multus gives every delegate of a pod.
-fn pod_args(id: &str) -> Vec<(String, String)> {
-    [
-        ("IgnoreUnknown", "true".to_string()),
-        ("K8S_POD_NAMESPACE", "default".to_string()),
-        ("K8S_POD_NAME", format!("pod-{id}")),
-        ("K8S_POD_INFRA_CONTAINER_ID", id.to_string()),
-        ("K8S_POD_UID", format!("uid-{id}")),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
-}
-
-fn joined(pairs: &[(String, String)]) -> String {
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(";")
-}
-
-/// Writes `body` as multus and libcni do: directory 0700, file 0600.
-fn write_private(path: &Path, body: &[u8]) {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path.parent().unwrap())
-        .unwrap();
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .unwrap();
-    f.write_all(body).unwrap();
-}
-
-/// A test's node: plexusd's engine directories plus multus's `cniDir`.
-struct Node {
-    e: Engine,
-    cni_dir: PathBuf,
-}
-
-impl Node {
-    fn new(name: &str) -> Self {
-        let e = Engine::new(name);
-        let cni_dir = e.dir.join("multus");
-        Node { e, cni_dir }
-    }
-
-    /// plexusd with `cluster` as clusterNetwork and multus's cniDir.
-    fn start(&self, cluster: &str) -> Daemon {
-        let mut config = self.e.config(cluster, "20s");
-        config["cniDir"] = json!(self.cni_dir);
-        let mut d = Daemon::start(&self.e.dir, "d", config);
-        d.ready();
-        d
-    }
-
-    fn delegate_cache(&self, id: &str) -> PathBuf {
-        self.cni_dir.join(id)
-    }
-
-    fn result_cache(&self, network: &str, id: &str, ifname: &str) -> PathBuf {
-        self.cni_dir
-            .join("results")
-            .join(format!("{network}-{id}-{ifname}"))
-    }
-
-    /// The files of libcni's result cache that belong to `id`.
-    fn result_caches_of(&self, id: &str) -> Vec<String> {
-        list_dir(&self.cni_dir.join("results"))
-            .into_iter()
-            .filter(|f| f.contains(&format!("-{id}-")))
-            .collect()
-    }
-
-    /// The plugin `type`: the test's fakes first, then Debian's.
-    fn plugin(&self, name: &str) -> PathBuf {
-        let fake = self.e.bin_dir.join(name);
-        if fake.exists() {
-            fake
-        } else {
-            Path::new(SYSTEM_PLUGINS).join(name)
-        }
-    }
-
-    /// Attaches `nets` to container `id` in `ns` as multus's ADD does: the
-    /// delegate cache first, then per delegate libcni's AddNetworkList
-    /// (plugins in order, prevResult chained) and its result cache.
-    /// Returns each delegate's final result.
-    fn multus_add(&self, id: &str, ns: &Netns, nets: &[Net]) -> Vec<Value> {
-        let entries: Vec<Value> = nets.iter().map(Net::delegate_entry).collect();
-        write_private(
-            &self.delegate_cache(id),
-            &serde_json::to_vec(&entries).unwrap(),
-        );
-        let args = pod_args(id);
-        let mut results = Vec::new();
-        for (i, net) in nets.iter().enumerate() {
-            let ifname = net.ifname(i);
-            let env = call_env("ADD", id, &ns.path, &ifname, &joined(&args));
-            let mut prev: Option<Value> = None;
-            for mut p in net.plugins() {
-                if let Some(r) = &prev {
-                    p.insert("prevResult".into(), r.clone());
-                }
-                let ty = p["type"].as_str().unwrap().to_string();
-                let stdin = serde_json::to_vec(&p).unwrap();
-                prev = Some(run_plugin(&self.plugin(&ty), &env, &stdin));
-            }
-            let result = prev.unwrap();
-            let cache = json!({
-                "kind": "cniCacheV1",
-                "containerId": id,
-                "config": b64(&net.bytes),
-                "ifName": ifname,
-                "networkName": net.network(),
-                "netns": ns.path,
-                "cniArgs": args.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
-                "result": result,
-            });
-            write_private(
-                &self.result_cache(&net.network(), id, &ifname),
-                &serde_json::to_vec(&cache).unwrap(),
-            );
-            results.push(result);
-        }
-        results
-    }
-
-    /// What `<stateDir>/attachments/damaged/<id>/` holds.
-    fn damaged(&self, id: &str) -> Vec<PathBuf> {
-        let dir = self.e.state_dir.join("attachments/damaged").join(id);
-        list_dir(&dir).into_iter().map(|f| dir.join(f)).collect()
-    }
-}
-
-/// Runs one plugin as libcni does; its parsed stdout, or the test fails.
-fn run_plugin(path: &Path, env: &[(String, String)], stdin: &[u8]) -> Value {
-    let mut child = shim::command(path, env.iter().cloned())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{} failed: {}\n{}",
-        path.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// The cluster network: bridge + host-local on its own bridge and subnet,
-/// written to confDir as well (plexusd's clusterNetwork).
-fn cluster(e: &Engine, name: &str, br: &Link, subnet: &Subnet) -> Value {
-    let c = conflist(name, "1.0.0", vec![bridge(&br.name, e.host_local(subnet))]);
-    e.write_network(&format!("10-{name}.conflist"), &c);
-    c
-}
-
-/// A NAD's single bridge + host-local configuration.
-fn extra(e: &Engine, name: &str, br: &Link, subnet: &Subnet) -> Value {
-    json!({"cniVersion": "1.0.0", "name": name, "type": "bridge", "bridge": br.name,
-           "ipam": e.host_local(subnet)})
-}
-
-/// A runtime's call through the shim, with a pod's CNI_ARGS.
-fn call(command: &str, id: &str, ns: &Netns) -> Call {
-    Call::new(command, id, ns, "eth0").args(&joined(&pod_args(id)))
-}
 
 #[test]
 fn del_should_run_every_network_multus_cached_and_remove_both_caches() {
@@ -410,6 +120,7 @@ fn a_damaged_delegate_cache_should_be_moved_aside_and_del_should_fall_back() {
     fs::write(n.delegate_cache("md-a"), &half).unwrap();
     symlink(n.delegate_cache("md-c"), n.delegate_cache("md-b")).unwrap();
     let c_cache = fs::read(n.delegate_cache("md-c")).unwrap();
+    let a_result = fs::read(n.result_cache("md-main", "md-a", "eth0")).unwrap();
     let d = n.start("md-main");
 
     // a: set aside as it was, and the configured network DELed instead.
@@ -425,6 +136,8 @@ fn a_damaged_delegate_cache_should_be_moved_aside_and_del_should_fall_back() {
     assert!(!ns_a.has_link("eth0"), "{:?}", ns_a.ifaces());
     assert_eq!(n.e.reservations("md-main"), vec![bare(&addr_c)]);
     assert_ne!(addr_a, addr_c);
+    // The fallback succeeded: a's result cache went with it.
+    assert_eq!(n.result_caches_of("md-a"), Vec::<String>::new());
 
     // b: the link itself is moved, never followed; c is untouched.
     ok(&d, &call("DEL", "md-b", &ns_b).run(&d));
@@ -438,7 +151,6 @@ fn a_damaged_delegate_cache_should_be_moved_aside_and_del_should_fall_back() {
     // c's result cache replaced by a's (it names md-a): moved aside, and
     // c's DEL goes on from its delegate cache without a prevResult.
     let c_result = n.result_cache("md-main", "md-c", "eth0");
-    let a_result = fs::read(n.result_cache("md-main", "md-a", "eth0")).unwrap();
     fs::write(&c_result, &a_result).unwrap();
     ok(&d, &call("DEL", "md-c", &ns_c).run(&d));
     assert!(!ns_c.has_link("eth0"), "{:?}", ns_c.ifaces());
@@ -551,4 +263,128 @@ fn a_damaged_cache_on_another_file_system_should_be_moved_aside_where_it_is() {
     assert!(n.e.reservations("mx-main").is_empty());
     assert!(n.e.state_dir.join("attachments/damaged").join(id).is_dir());
     ok(&d, &call("DEL", id, &ns).run(&d));
+}
+
+/// After a DEL that fell back (the delegate cache was damaged), libcni's
+/// result caches of that container go once the DEL succeeded, and only
+/// its: not those of containers whose ids start or end like its own; a
+/// result cache that is a symbolic link is moved aside, never followed.
+#[test]
+fn a_fallback_del_should_remove_the_containers_result_caches_and_no_one_elses() {
+    let n = Node::new("mc-fbres");
+    let (br1, br2) = (Link::bridge(), Link::bridge());
+    let (s1, s2) = (Subnet::new(), Subnet::new());
+    let main = cluster(&n.e, "mf-main", &br1, &s1);
+    let nets = || {
+        [
+            Net::list(&main),
+            Net::single("default", &extra(&n.e, "mf-extra", &br2, &s2)),
+        ]
+    };
+    let (ns_a, ns_longer, ns_ending) = (Netns::new(), Netns::new(), Netns::new());
+    // "mf-a-2" starts like "mf-a", "x-mf-a" ends like it; network names
+    // hold '-' too.
+    n.multus_add("mf-a", &ns_a, &nets());
+    n.multus_add("mf-a-2", &ns_longer, &nets());
+    n.multus_add("x-mf-a", &ns_ending, &nets());
+    let others: Vec<(PathBuf, Vec<u8>)> = ["mf-a-2", "x-mf-a"]
+        .iter()
+        .flat_map(|id| {
+            [
+                n.result_cache("mf-main", id, "eth0"),
+                n.result_cache("mf-extra", id, "net1"),
+            ]
+        })
+        .map(|p| {
+            let bytes = fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    // mf-a's delegate cache cut short, and its primary's result cache a
+    // symbolic link to a file elsewhere.
+    let whole = fs::read(n.delegate_cache("mf-a")).unwrap();
+    fs::write(n.delegate_cache("mf-a"), &whole[..whole.len() / 2]).unwrap();
+    let target = n.e.dir.join("target");
+    fs::write(&target, b"not a cache").unwrap();
+    let primary = n.result_cache("mf-main", "mf-a", "eth0");
+    fs::remove_file(&primary).unwrap();
+    symlink(&target, &primary).unwrap();
+    let d = n.start("mf-main");
+
+    ok(&d, &call("DEL", "mf-a", &ns_a).run(&d));
+    assert!(!ns_a.has_link("eth0"), "{:?}", ns_a.ifaces());
+    // Its result caches are gone: the readable one removed, the link
+    // moved aside as it was, its target untouched.
+    assert!(!n.result_cache("mf-extra", "mf-a", "net1").exists());
+    assert!(fs::symlink_metadata(&primary).is_err(), "link left");
+    let aside = n.damaged("mf-a");
+    let link = aside
+        .iter()
+        .find(|p| {
+            p.to_string_lossy()
+                .ends_with(".multus-results-mf-main-mf-a-eth0")
+        })
+        .unwrap_or_else(|| panic!("{aside:?}"));
+    assert_eq!(fs::read_link(link).unwrap(), target);
+    assert_eq!(fs::read(&target).unwrap(), b"not a cache");
+    // The others' are as they were, and their DELs work from them.
+    for (p, bytes) in &others {
+        assert_eq!(&fs::read(p).unwrap(), bytes, "{}", p.display());
+    }
+    ok(&d, &call("DEL", "mf-a-2", &ns_longer).run(&d));
+    ok(&d, &call("DEL", "x-mf-a", &ns_ending).run(&d));
+    for ns in [&ns_longer, &ns_ending] {
+        assert!(
+            !ns.has_link("eth0") && !ns.has_link("net1"),
+            "{:?}",
+            ns.ifaces()
+        );
+    }
+    assert_eq!(list_dir(&n.cni_dir.join("results")), Vec::<String>::new());
+}
+
+/// multus's device-info files: a network's goes with its DEL, as in
+/// multus; another container's stays; one that is a symbolic link is left
+/// as it is, and its target survives.
+#[test]
+fn del_should_remove_a_multus_containers_device_info_files_and_follow_no_link() {
+    let n = Node::new("mc-devinfo");
+    let (br1, br2) = (Link::bridge(), Link::bridge());
+    let (s1, s2) = (Subnet::new(), Subnet::new());
+    let main = cluster(&n.e, "mv-main", &br1, &s1);
+    let nets = || {
+        [
+            Net::list(&main),
+            Net::single("default", &extra(&n.e, "mv-sriov", &br2, &s2)).with_device("0000:18:02.5"),
+        ]
+    };
+    let (ns_a, ns_b, ns_c) = (Netns::new(), Netns::new(), Netns::new());
+    n.multus_add("mv-a", &ns_a, &nets());
+    n.multus_add("mv-b", &ns_b, &nets());
+    n.multus_add("mv-c", &ns_c, &nets());
+    let [_, sriov] = nets();
+    let info = |id: &str| n.device_info(&sriov, id, "net1");
+    assert!(info("mv-a").ends_with("cni/default-mv-sriov-mv-a_net1"));
+    assert!(info("mv-a").is_file() && info("mv-b").is_file());
+    // mv-c's is a link to a file elsewhere.
+    let target = n.e.dir.join("target");
+    fs::write(&target, b"keep").unwrap();
+    fs::remove_file(info("mv-c")).unwrap();
+    symlink(&target, info("mv-c")).unwrap();
+    let d = n.start("mv-main");
+
+    ok(&d, &call("DEL", "mv-a", &ns_a).run(&d));
+    assert!(!ns_a.has_link("net1"), "{:?}", ns_a.ifaces());
+    assert!(!info("mv-a").exists(), "mv-a's device-info file left");
+    assert!(info("mv-b").is_file(), "mv-b's device-info file removed");
+
+    ok(&d, &call("DEL", "mv-c", &ns_c).run(&d));
+    assert!(!ns_c.has_link("net1"), "{:?}", ns_c.ifaces());
+    assert_eq!(fs::read_link(info("mv-c")).unwrap(), target);
+    assert_eq!(fs::read(&target).unwrap(), b"keep");
+    assert!(info("mv-b").is_file(), "mv-b's device-info file removed");
+
+    ok(&d, &call("DEL", "mv-b", &ns_b).run(&d));
+    assert!(!info("mv-b").exists(), "mv-b's device-info file left");
+    assert!(n.e.reservations("mv-sriov").is_empty());
 }

@@ -195,6 +195,7 @@ impl Engine {
         // (libcni's rule, see stdin_for), so nothing else is kept.
         let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
         record.attachments.push(Attachment {
+            fell_back: false,
             hot_plugged_into,
             cleanup: None,
             ifname: inv.ifname.clone(),

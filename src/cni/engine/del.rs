@@ -43,20 +43,37 @@ impl Engine {
     }
 
     /// After a network's DEL: its device-info file (the
-    /// `CNIDeviceInfoFile` capability argument), when that names a file
-    /// directly in the device-info directory's `cni/`; any other path is
-    /// left alone.
+    /// `CNIDeviceInfoFile` capability argument), when that names a
+    /// regular file directly in the device-info directory's `cni/`; any
+    /// other path is left alone.
     async fn remove_device_info(&self, cap_args: &Map<String, Value>) {
         let Some(file) = cap_args.get("CNIDeviceInfoFile").and_then(Value::as_str) else {
             return;
         };
         let path = PathBuf::from(file);
-        if !crate::device_info::is_cni_file(&self.config.device_info_dir, &path) {
-            return;
+        if crate::device_info::is_cni_file(&self.config.device_info_dir, &path) {
+            self.remove_device_info_file(path).await;
         }
-        match tokio::fs::remove_file(&path).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+    }
+
+    /// Removes device-info file `path` (see
+    /// [`crate::device_info::remove_cni_file`]); what cannot be removed
+    /// is logged, never an error of the DEL.
+    pub(super) async fn remove_device_info_file(&self, path: PathBuf) {
+        let dir = self.config.device_info_dir.clone();
+        let file = path.clone();
+        let removed = blocking(move || crate::device_info::remove_cni_file(&dir, &file)).await;
+        match removed {
+            Ok(Ok(crate::device_info::Removed::Removed)) => {
+                tracing::debug!(file = %path.display(), "device-info file removed")
+            }
+            Ok(Ok(crate::device_info::Removed::Missing)) => {}
+            Ok(Ok(crate::device_info::Removed::LeftAlone(why))) => {
+                tracing::warn!(file = %path.display(), why, "a device-info file is left alone")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(file = %path.display(), cause = %e, "cannot remove a device-info file")
+            }
             Err(e) => {
                 tracing::warn!(file = %path.display(), cause = %e, "cannot remove a device-info file")
             }
@@ -215,6 +232,7 @@ impl Engine {
             // fails here stays recorded for the next DEL.
             let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
             record.attachments.push(Attachment {
+                fell_back: true,
                 hot_plugged_into: None,
                 cleanup: None,
                 ifname: inv.ifname.clone(),
@@ -318,6 +336,20 @@ impl Engine {
                 left.push(d.clone());
             }
             errors.extend(errs);
+        }
+        // Whatever libcni cached for the container at multus's ADDs goes
+        // once a fallback's networks are all DELed: the delegate cache that
+        // named those networks is gone or damaged, and the plugins' GC
+        // would otherwise keep listing them as valid.
+        if att.fell_back && errors.is_empty() {
+            let known = att
+                .delegates
+                .iter()
+                .map(|d| (d.name.clone(), d.ifname.clone()))
+                .collect();
+            if let Err(e) = self.remove_multus_results(&inv.container_id, known).await {
+                errors.push(e);
+            }
         }
         left.reverse();
         if let Some(a) = record.attachment_mut(&inv.ifname) {

@@ -16,7 +16,8 @@
 //!   in the record, naming the runtime's attachment it joined; the DEL of
 //!   that attachment, and GC, take it along (`hotplug.rs`).
 //! - A container multus attached, which has no record, is DELed, CHECKed
-//!   and GCed from multus's caches in its `cniDir` ([`multus_cache`], `multus.rs`).
+//!   and GCed from multus's caches in its `cniDir` ([`multus_cache`], `multus.rs`),
+//!   and shown from them.
 //! - Calls for one container are serialized, within this daemon and with
 //!   any other plexusd on the same stateDir (a lock file per container).
 //!   GC deletes stale attachments one container at a time; only its last
@@ -377,19 +378,21 @@ impl Engine {
             .map_err(Error::config)
     }
 
-    /// What is recorded for `container_id` (see [`show::summary`]);
-    /// `None` when nothing is, or the id is not a valid container id.
-    /// A damaged record is reported as such. Reads only, without a lock.
+    /// What is known of `container_id` (see [`show::lookup`]): its
+    /// record, else what multus cached for it (marked as such); `None`
+    /// when neither knows it, or the id is not a valid container id. A
+    /// damaged record or cache is reported as such. Reads only, without a
+    /// lock, on the blocking pool.
     pub async fn attachments(&self, container_id: &str) -> Result<Option<Value>, Error> {
         if !netconf::is_valid_container_id(container_id) {
             return Ok(None);
         }
         let store = self.store.clone();
+        let caches = self.multus.clone();
         let cid = container_id.to_string();
-        match blocking(move || store.load(&cid)).await? {
-            Ok(record) => Ok(record.as_ref().map(show::summary)),
-            Err(e) if e.is_damaged() => Ok(Some(show::damaged_summary(container_id, &e))),
-            Err(e) => Err(Error::state(e)),
-        }
+        blocking(move || show::lookup(store.as_ref(), &caches, &cid, None))
+            .await?
+            .map(|shown| shown.map(|s| s.summary))
+            .map_err(Error::state)
     }
 }

@@ -13,6 +13,7 @@ use crate::api::{code, Command};
 use crate::cni::exec::CallEnv;
 use crate::cni::multus_cache::{CachedDelegate, CachedResult, Caches, Error};
 use crate::cni::state::{self, Store};
+use crate::device_info;
 use crate::netconf::Invocation;
 
 /// Where a damaged cache goes when `<stateDir>` is on another file system
@@ -108,14 +109,104 @@ impl Engine {
             .map_err(super::Error::state)
     }
 
+    /// After a DEL of `id` that fell back to the configured networks and
+    /// succeeded: removes the result caches libcni kept for it (see
+    /// [`Caches::results_of`]; `known`: the `(network, ifname)` pairs the
+    /// fallback ran), so that the plugins' GC stops listing them as
+    /// valid; damaged ones are moved aside. Every file is tried; the
+    /// errors are joined. The caller holds the container's lock.
+    pub(super) async fn remove_multus_results(
+        &self,
+        id: &str,
+        known: Vec<(String, String)>,
+    ) -> Result<(), super::Error> {
+        let caches = self.multus.clone();
+        let state_dir = self.config.state_dir.clone();
+        let cid = id.to_string();
+        let errors = blocking(move || {
+            let found = match caches.results_of(&cid, &known) {
+                Ok(f) => f,
+                Err(e) => return vec![super::Error::state(e)],
+            };
+            let mut errors = Vec::new();
+            for r in found {
+                let done = match r {
+                    Ok(r) => caches.remove(&r.path).map_err(super::Error::state).map(|()| {
+                        tracing::info!(container_id = %cid, file = %r.path.display(), "multus's result cache of a container whose DEL fell back removed");
+                    }),
+                    Err(e) if e.is_damaged() => set_aside(&state_dir, &caches, &cid, &e).map(|_| ()),
+                    Err(e) => Err(super::Error::state(e)),
+                };
+                if let Err(e) = done {
+                    errors.push(e);
+                }
+            }
+            errors
+        })
+        .await?;
+        match errors.len() {
+            0 => Ok(()),
+            _ => Err(super::Error::join(
+                Command::Del,
+                &format!("the multus result caches of container {id:?}"),
+                errors,
+            )),
+        }
+    }
+
+    /// The device-info files of delegate `d` at `index` on `ifname`, which
+    /// multus's DEL removes: `<dir>/cni/<multus name>-<id>_<ifname>` when
+    /// the delegate has a device ID (the selection element's, which multus
+    /// never gives the primary, else the call's `deviceID`), else the
+    /// call's `CNIDeviceInfoFile`; and the one libcni cached with the
+    /// ADD's capability arguments when that is another. Only paths
+    /// directly in the device-info directory's `cni/`.
+    fn multus_device_info(
+        &self,
+        id: &str,
+        index: usize,
+        d: &CachedDelegate,
+        ifname: &str,
+        call: &Map<String, Value>,
+        cached: Option<&CachedResult>,
+    ) -> Vec<PathBuf> {
+        let dir = &self.config.device_info_dir;
+        let named = |caps: &Map<String, Value>| {
+            caps.get("CNIDeviceInfoFile")
+                .and_then(Value::as_str)
+                .filter(|f| !f.is_empty())
+                .map(PathBuf::from)
+        };
+        let device_id = d
+            .device_id()
+            .filter(|_| index > 0)
+            .or_else(|| call.get("deviceID").and_then(Value::as_str))
+            .filter(|id| !id.is_empty());
+        let mut files: Vec<PathBuf> = match device_id {
+            Some(_) => vec![device_info::cni_file(dir, &d.name, id, ifname)],
+            None => named(call).into_iter().collect(),
+        };
+        if let Some(f) = cached
+            .and_then(|c| c.capability_args.as_ref())
+            .and_then(named)
+        {
+            if !files.contains(&f) {
+                files.push(f);
+            }
+        }
+        files.retain(|f| device_info::is_cni_file(dir, f));
+        files
+    }
+
     /// DEL of a container multus attached, as multus's DEL: every delegate
     /// in reverse order, past errors, with the configuration multus ran,
     /// libcni's cached result as prevResult (0.4.0 on) and the cached
     /// `CNI_ARGS` and capability arguments (else the call's `CNI_ARGS` and
     /// `cap_args` with the delegate's requests). A delegate whose DEL
-    /// succeeded loses its result cache file (as in libcni); the delegate
-    /// cache goes once every delegate succeeded, and stays otherwise, for
-    /// the runtime's next DEL. The caller holds the container's lock.
+    /// succeeded loses its device-info file (as in multus) and its result
+    /// cache file (as in libcni); the delegate cache goes once every
+    /// delegate succeeded, and stays otherwise, for the runtime's next
+    /// DEL. The caller holds the container's lock.
     pub(super) async fn del_multus(
         &self,
         inv: &Invocation,
@@ -161,6 +252,9 @@ impl Engine {
             if !errs.is_empty() {
                 errors.extend(errs);
                 continue;
+            }
+            for file in self.multus_device_info(id, i, d, &ifname, cap_args, cached.as_ref()) {
+                self.remove_device_info_file(file).await;
             }
             if let Some(c) = cached {
                 if let Err(e) = self.remove_multus(c.path).await {

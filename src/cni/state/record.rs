@@ -84,6 +84,12 @@ pub struct Attachment {
     /// docs/records.md, "Pending cleanup").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cleanup: Option<Cleanup>,
+    /// The configured networks a DEL ran in place of a damaged record or
+    /// multus delegate cache (docs/records.md, "Damaged records"): once
+    /// they are all DELed, libcni's result caches of the container go
+    /// too. Absent in records of earlier versions.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fell_back: bool,
 }
 
 /// The failed DELs of an attachment, and plexusd's own next attempt.
@@ -227,6 +233,7 @@ pub(super) mod tests {
     pub(in crate::cni::state) fn record(id: &str) -> Record {
         let mut r = Record::new(id);
         r.attachments.push(Attachment {
+            fell_back: false,
             hot_plugged_into: None,
             cleanup: None,
             ifname: "eth0".into(),

@@ -10,6 +10,7 @@ pub mod inproc;
 pub mod kube;
 pub mod kubelet;
 pub mod lock;
+pub mod multus;
 pub mod netns;
 pub mod shim;
 pub mod systemd;

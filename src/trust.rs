@@ -69,6 +69,14 @@ pub fn check_file(file: &Path) -> Result<(), Untrusted> {
     walk(file, Target::File)
 }
 
+/// Checks the path to a file that is only opened or connected to, whose
+/// own owner the caller checks (a socket): as [`check_file`], but the
+/// file may sit in a sticky directory (its sticky bit keeps others from
+/// replacing a root-owned entry).
+pub fn check_path_to(file: &Path) -> Result<(), Untrusted> {
+    walk(file, Target::Entry)
+}
+
 /// Checks a file the daemon reads and trusts (credentials, such as a
 /// kubeconfig): [`check_file`]'s rule, and the file itself must be owned
 /// by root and writable by no one else, since whoever can change it can
@@ -81,6 +89,7 @@ pub fn check_trusted_input(file: &Path) -> Result<(), Untrusted> {
 enum Target {
     Dir,
     File,
+    Entry,
     Input,
 }
 
@@ -271,6 +280,8 @@ mod tests {
             check_file(&d.join("log")),
             Err(Untrusted::Writable { mode: 0o1777, .. })
         ));
+        // Only connected to (a socket whose owner the caller checks): fine.
+        check_path_to(&d.join("sock")).unwrap();
         // Below a private directory of it, fine.
         let below = d.join("private");
         fs::create_dir(&below).unwrap();

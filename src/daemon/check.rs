@@ -298,11 +298,14 @@ fn directories(config: &Config, found: &mut Vec<Finding>) {
         );
         found.push(if named { error(text) } else { warning(text) });
     }
+    // A missing entry is normal (the packaged list names the node's and
+    // the distribution's directory); none at all is worth a word. The
+    // configured networks' plugins are checked one by one below.
     let bin_dirs = &config.cni.bin_dirs;
     if !bin_dirs.iter().any(|d| d.is_dir()) {
         let dirs: Vec<String> = bin_dirs.iter().map(|d| d.display().to_string()).collect();
-        found.push(error(format!(
-            "{file}: key \"binDir\": none of [{}] is a directory: no plugin can run",
+        found.push(warning(format!(
+            "{file}: key \"binDir\": none of [{}] is a directory: no plugin can be found there",
             dirs.join(", ")
         )));
     }

@@ -175,7 +175,7 @@ pub(super) fn bad_answer(socket: &Path, why: &str) -> CniError {
 /// user are trusted ([`trust`]'s rules). A path that does not exist yet
 /// passes: the connect says so.
 fn check_socket_path(path: &Path) -> Result<(), String> {
-    trust::check_file(path).map_err(|e| e.to_string())?;
+    trust::check_path_to(path).map_err(|e| e.to_string())?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) if !trust::trusted_owner(meta.uid()) => Err(format!(
             "it is owned by uid {} (mode {:04o})",

@@ -117,14 +117,22 @@ fn networks_the_daemon_would_fail_on_should_fail_the_check() {
     assert!(err.contains("key \"confDir\""), "{err}");
     assert!(err.contains("is not a directory"), "{err}");
 
-    // No binDir exists at all.
+    // No binDir exists at all: the configured network's plugins are not
+    // found (an error), and binDir itself is named (a warning).
     let config = with_layout(
         &dir,
         json!({"clusterNetwork": "good", "binDir": format!("{}:{}", dir.join("a").display(), dir.join("b").display())}),
     );
     let (code, _, err) = check(&dir, &config, &[]);
     assert_eq!(code, Some(78), "{err}");
-    assert!(err.contains("key \"binDir\": none of"), "{err}");
+    assert!(
+        err.contains("plexusd: warning: ") && err.contains("key \"binDir\": none of"),
+        "{err}"
+    );
+    assert!(
+        err.contains("plexusd: error: ") && err.contains("\"bridge\""),
+        "{err}"
+    );
 }
 
 #[test]

@@ -553,3 +553,173 @@ fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
     assert_eq!(dels.trim(), "DEL killed-1");
     assert!(!records.join("killed-1.json").exists());
 }
+
+/// The shipped sandbox (ProtectSystem=strict with the unit's
+/// ReadWritePaths=) must let plexusd write what it writes by default:
+/// here the device-info file of a NetworkAttachmentDefinition with a
+/// `resourceName`, copied from the device plugin's before the network's
+/// plugin runs, shown in the pod's network-status and removed by DEL.
+/// The unit's ReadWritePaths= and the package's tmpfiles.d are moved into
+/// a root on the root file system (`<root>/var/run` a link to `../run`, as
+/// on a host), and deviceInfoDir is the default path below that root. Not
+/// below /run: under this unit systemd 252 keeps all of /run writable
+/// (see [`Manager::root_fs_dir`]), an accident the unit must not rely on.
+#[test]
+fn the_unit_sandbox_should_let_plexusd_write_device_info_files() {
+    use crate::support::kube::{pod_args, FakeApi, NODE};
+    use crate::support::kubelet::FakeKubelet;
+    use crate::support::netns::Netns;
+    use crate::support::systemd::reroot_read_write_paths;
+    const RESOURCE: &str = "example.com/nic";
+    const DEVICE: &str = "0000:00:0a.0";
+    if skip_reason().is_some() {
+        println!("skipping: no private systemd manager here");
+        return;
+    }
+    // Before the manager, whose mount namespace sees only the netns
+    // mounts made before it started.
+    let ns = Netns::new();
+    let Some(m) = Manager::start() else {
+        return;
+    };
+    let work = m.work_dir().to_path_buf();
+    let root = m.root_fs_dir().join("root");
+    std::fs::create_dir_all(root.join("var")).unwrap();
+    std::os::unix::fs::symlink("../run", root.join("var/run")).unwrap();
+    let tmpfiles = std::process::Command::new("systemd-tmpfiles")
+        .arg("--create")
+        .arg(format!("--root={}", root.display()))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/plexus.tmpfiles"))
+        .output()
+        .unwrap();
+    assert!(tmpfiles.status.success(), "{tmpfiles:?}");
+    let devinfo = root.join(plexus::device_info::DEFAULT_DIR.strip_prefix('/').unwrap());
+    // A fake plugin for both networks, in a directory plexusd only reads.
+    let bin = work.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let plugin = "#!/bin/bash\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n\
+         VERSION) echo '{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}' ;;\n\
+         ADD) echo \"{\\\"cniVersion\\\":\\\"1.0.0\\\",\\\"interfaces\\\":[{\\\"name\\\":\\\"$CNI_IFNAME\\\",\\\"sandbox\\\":\\\"$CNI_NETNS\\\"}]}\" ;;\n\
+         esac\nexit 0\n";
+    std::fs::write(bin.join("fake"), plugin).unwrap();
+    std::fs::set_permissions(bin.join("fake"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let net = |name: &str| {
+        serde_json::json!({"cniVersion": "1.0.0", "name": name,
+            "plugins": [{"type": "fake", "capabilities": {"deviceID": true}}]})
+    };
+    let conf = work.join("net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(conf.join("10-cluster.conflist"), net("cluster").to_string()).unwrap();
+
+    let api = FakeApi::start();
+    api.put_nad(
+        "ns1",
+        "red",
+        Some(&net("red-net").to_string()),
+        serde_json::json!({"k8s.v1.cni.cncf.io/resourceName": RESOURCE}),
+    );
+    api.put_pod(
+        "ns1",
+        "p",
+        "uid-p",
+        NODE,
+        serde_json::json!({"k8s.v1.cni.cncf.io/networks": "red"}),
+    );
+    let kubelet = FakeKubelet::start(&work.join("kubelet.sock"));
+    kubelet.set_pod("ns1", "p", &[&[(RESOURCE, &[DEVICE])]]);
+    api.write_kubeconfig(&work.join("kubeconfig"));
+
+    let config = serde_json::json!({
+        "socketDir": work.join("sock"),
+        "stateDir": work.join("state/plexus"),
+        "logLevel": "debug",
+        "confDir": conf,
+        "binDir": bin,
+        "clusterNetwork": "cluster",
+        "kubeconfig": work.join("kubeconfig"),
+        "nodeName": NODE,
+        "kubernetesRequestTimeout": "5s",
+        "podResourcesSocket": work.join("kubelet.sock"),
+        "deviceCheckpointFile": work.join("no-checkpoint"),
+        "deviceInfoDir": root.join("var/run/k8s.cni.cncf.io/devinfo"),
+    });
+    std::fs::write(work.join("daemon-config.json"), config.to_string()).unwrap();
+    let (socket, service) = plexus_units(&work, true);
+    let sandboxed = reroot_read_write_paths(&service, &root);
+    // The sandbox itself is the shipped one.
+    for option in ["ProtectSystem=strict", "PrivateTmp=yes", "ProtectHome=yes"] {
+        assert!(sandboxed.contains(option), "{option} is gone:\n{sandboxed}");
+    }
+    m.install_units(&[(SOCKET, &socket), (SERVICE, &sandboxed)]);
+    m.systemctl_ok(&["start", SOCKET]);
+    let sock = work.join("sock/plexus.sock");
+    // plexusd runs before the device plugin writes its first file: the
+    // directories it may write are fixed when it starts.
+    let healthz = crate::support::http::request(&sock, "GET", "/healthz", b"");
+    assert!(
+        healthz.as_ref().is_ok_and(|r| r.status == 200),
+        "{healthz:?}\n{}",
+        m.describe_failure()
+    );
+    m.wait_property(SERVICE, "ActiveState", "active", STATE_TIMEOUT);
+    // Then the device plugin's file (the plugin runs outside plexusd's
+    // sandbox).
+    let dp = devinfo.join("dp");
+    std::fs::create_dir_all(&dp).unwrap();
+    let device_info = r#"{"type":"pci","version":"1.1.0","pci":{"pci-address":"0000:00:0a.0"}}"#;
+    std::fs::write(
+        dp.join(format!("example.com-nic-{DEVICE}-device.json")),
+        device_info,
+    )
+    .unwrap();
+
+    let call = |command: &str| {
+        let env: Vec<(String, String)> = [
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", "devinfo-1"),
+            ("CNI_NETNS", ns.path.as_str()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", &pod_args("ns1", "p", "uid-p")),
+            ("CNI_PATH", "/usr/lib/cni"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let stdin = serde_json::json!({"cniVersion": "1.0.0", "name": "plexus",
+            "type": "plexus-shim", "daemonSocketDir": sock.parent().unwrap()});
+        crate::support::shim::run(env, stdin.to_string().as_bytes())
+    };
+    let log = || std::fs::read_to_string(work.join("plexusd.log")).unwrap_or_default();
+
+    let add = call("ADD");
+    assert_eq!(add.code, Some(0), "{add:?}\n{}", m.describe_failure());
+    let file = devinfo.join("cni").join("ns1-red-devinfo-1_net1");
+    assert_eq!(
+        std::fs::read_to_string(&file).ok().as_deref(),
+        Some(device_info),
+        "plexusd did not write {} under the sandbox\n{}",
+        file.display(),
+        log()
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&api.network_status("ns1", "p").expect("no network-status")).unwrap();
+    let net1 = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["interface"] == "net1")
+        .unwrap_or_else(|| panic!("no net1 in {status}"));
+    assert_eq!(
+        net1["device-info"]["pci"]["pci-address"], DEVICE,
+        "{status}"
+    );
+
+    let del = call("DEL");
+    assert_eq!(del.code, Some(0), "{del:?}\n{}", m.describe_failure());
+    assert!(!file.exists(), "DEL left {}\n{}", file.display(), log());
+    assert!(
+        !log().contains("cannot copy a device plugin's device-info file"),
+        "{}",
+        log()
+    );
+}

@@ -143,6 +143,38 @@ pub fn plexus_units(work: &Path, for_manager: bool) -> (String, String) {
     (socket, service)
 }
 
+/// `unit` with each of its `ReadWritePaths=` moved below `root` (`-/run/x`
+/// becomes `-<root>/run/x`), for a test that recreates those paths there;
+/// the other sandbox options stay as they are.
+pub fn reroot_read_write_paths(unit: &str, root: &Path) -> String {
+    let mut found = false;
+    let lines: Vec<String> = unit
+        .lines()
+        .map(|line| {
+            let Some(paths) = line.strip_prefix("ReadWritePaths=") else {
+                return line.to_string();
+            };
+            found = true;
+            let moved: Vec<String> = paths
+                .split_whitespace()
+                .map(|p| {
+                    let (dash, path) = match p.strip_prefix('-') {
+                        Some(rest) => ("-", rest),
+                        None => ("", p),
+                    };
+                    let path = path
+                        .strip_prefix('/')
+                        .unwrap_or_else(|| panic!("ReadWritePaths= entry {p:?} is not absolute"));
+                    format!("{dash}{}", root.join(path).display())
+                })
+                .collect();
+            format!("ReadWritePaths={}", moved.join(" "))
+        })
+        .collect();
+    assert!(found, "no ReadWritePaths= in the unit");
+    lines.join("\n") + "\n"
+}
+
 /// Asserts that `systemd-analyze verify` accepts `files` (unit files) and
 /// prints nothing; does nothing where systemd-analyze cannot run.
 pub fn assert_verifies(files: &[&str]) {

@@ -212,9 +212,14 @@ fn deb_should_unpack_into_a_root_with_everything_in_place() {
         "{status}"
     );
 
-    // The default configuration is valid and names Debian's paths.
+    // The default configuration is valid and names the plugin directory
+    // of kubeadm-style nodes and containerd, then Debian's.
     let cfg = valid_config(&r("/usr/bin/plexusd"), &r("/etc/plexus/daemon-config.json"));
-    assert_eq!(cfg["binDir"], "/usr/lib/cni");
+    assert_eq!(cfg["binDir"], "/opt/cni/bin:/usr/lib/cni");
+    assert_eq!(
+        search_path(&r("/etc/plexus/daemon-config.json")),
+        ["/opt/cni/bin", "/usr/lib/cni"]
+    );
     assert_eq!(cfg["confDir"], "/etc/cni/net.d");
     // The installed shim is a working CNI plugin.
     let version = run(Command::new(r("/usr/lib/cni/plexus-shim"))
@@ -248,6 +253,16 @@ fn deb_should_unpack_into_a_root_with_everything_in_place() {
         score <= MAX_EXPOSURE,
         "exposure {score} > {MAX_EXPOSURE}:\n{text}"
     );
+}
+
+/// The plugin search path `config` gives plexusd, as plexusd reads it.
+fn search_path(config: &Path) -> Vec<String> {
+    let cfg = plexus::config::Config::load(config, false).unwrap_or_else(|e| panic!("{e}"));
+    cfg.cni
+        .bin_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect()
 }
 
 #[test]
@@ -289,12 +304,13 @@ fn rpm_should_list_the_fedora_layout() {
     }
     assert!(!scripts.contains("restart plexusd.socket"), "{scripts}");
     // The RPM's default configuration (packaging/rpm/daemon-config.json)
-    // is valid and names Fedora's plugin directory.
-    let cfg = valid_config(
-        Path::new(env!("CARGO_BIN_EXE_plexusd")),
-        &repo().join("packaging/rpm/daemon-config.json"),
-    );
-    assert_eq!(cfg["binDir"], "/usr/libexec/cni");
+    // is valid and names the plugin directory of kubeadm-style nodes and
+    // containerd, then Fedora's (containernetworking-plugins installs into
+    // /usr/libexec/cni).
+    let config = repo().join("packaging/rpm/daemon-config.json");
+    let cfg = valid_config(Path::new(env!("CARGO_BIN_EXE_plexusd")), &config);
+    assert_eq!(cfg["binDir"], "/opt/cni/bin:/usr/libexec/cni");
+    assert_eq!(search_path(&config), ["/opt/cni/bin", "/usr/libexec/cni"]);
 }
 
 /// Runs a maintainer script of the unpacked package in a private mount

@@ -1,9 +1,10 @@
 //! The distribution packages (`bash packaging/build.sh`, which `.ci/run`
 //! runs before the tests; this test builds them when they are missing):
 //! file lists and control data, lintian, an unpack into a throw-away root
-//! with dpkg, the installed service's security exposure, the RPM's file
-//! list, and what the Debian maintainer scripts do to the units under a
-//! private systemd manager.
+//! with dpkg, the installed service's security exposure, the packaged
+//! configuration, the RPM's file list and payload, what the Debian maintainer scripts do to the units under a
+//! private systemd manager, and what the removal scripts of both packages
+//! do to the shim's link in /opt/cni/bin.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -78,6 +79,7 @@ const DEB_FILES: &[(&str, u32)] = &[
     ("/lib/systemd/system/plexusd-multus.socket", 0o644),
     ("/lib/systemd/system/plexus-config.path", 0o644),
     ("/lib/systemd/system/plexus-config.service", 0o644),
+    ("/lib/systemd/system/plexus-shim-link.service", 0o644),
     ("/etc/plexus/daemon-config.json", 0o644),
     ("/usr/lib/tmpfiles.d/plexus.conf", 0o644),
     ("/usr/share/man/man8/plexusd.8.gz", 0o644),
@@ -110,6 +112,9 @@ fn deb_should_carry_the_expected_files_and_control_data() {
     let want: BTreeSet<(String, u32)> =
         DEB_FILES.iter().map(|(p, m)| (p.to_string(), *m)).collect();
     assert_eq!(files, want, "dpkg-deb -c:\n{listing}");
+    // Debian policy: nothing under /opt (plexus-shim-link.service links
+    // the shim there at run time).
+    assert!(!listing.lines().any(|l| l.contains(" ./opt/")), "{listing}");
 
     let field = |name: &str| {
         stdout(Command::new("dpkg-deb").arg("-f").arg(deb).arg(name))
@@ -221,6 +226,12 @@ fn deb_should_unpack_into_a_root_with_everything_in_place() {
         ["/opt/cni/bin", "/usr/lib/cni"]
     );
     assert_eq!(cfg["confDir"], "/etc/cni/net.d");
+    // The link unit links the shim this package installs.
+    let link = std::fs::read_to_string(r("/lib/systemd/system/plexus-shim-link.service")).unwrap();
+    assert!(
+        link.contains("\nExecStart=/bin/ln -s /usr/lib/cni/plexus-shim /opt/cni/bin/plexus-shim\n"),
+        "{link}"
+    );
     // The installed shim is a working CNI plugin.
     let version = run(Command::new(r("/usr/lib/cni/plexus-shim"))
         .env_clear()
@@ -265,6 +276,19 @@ fn search_path(config: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The RPM's payload, unpacked into a scratch directory.
+fn rpm_payload(tag: &str) -> TestDir {
+    let (_, rpm) = packages();
+    let dir = TestDir::new(tag);
+    let script = format!(
+        "rpm2archive - < '{}' | tar -xzf - -C '{}'",
+        rpm.display(),
+        dir.path.display()
+    );
+    run(Command::new("sh").args(["-c", &script]));
+    dir
+}
+
 #[test]
 fn rpm_should_list_the_fedora_layout() {
     let (_, rpm) = packages();
@@ -281,6 +305,7 @@ fn rpm_should_list_the_fedora_layout() {
         "/usr/lib/systemd/system/plexusd-multus.socket",
         "/usr/lib/systemd/system/plexus-config.path",
         "/usr/lib/systemd/system/plexus-config.service",
+        "/usr/lib/systemd/system/plexus-shim-link.service",
         "/usr/lib/tmpfiles.d/plexus.conf",
         "/usr/share/bash-completion/completions/plexusd",
         "/usr/share/doc/plexus/README.md",
@@ -299,25 +324,50 @@ fn rpm_should_list_the_fedora_layout() {
         "enable --now plexusd.socket",
         "try-restart plexusd.service",
         "disable --now plexusd.socket plexusd.service",
+        "enable --now plexus-shim-link.service",
+        "start plexus-shim-link.service",
     ] {
         assert!(scripts.contains(needle), "{needle:?} not in:\n{scripts}");
     }
     assert!(!scripts.contains("restart plexusd.socket"), "{scripts}");
-    // The RPM's default configuration (packaging/rpm/daemon-config.json)
-    // is valid and names the plugin directory of kubeadm-style nodes and
-    // containerd, then Fedora's (containernetworking-plugins installs into
-    // /usr/libexec/cni).
-    let config = repo().join("packaging/rpm/daemon-config.json");
-    let cfg = valid_config(Path::new(env!("CARGO_BIN_EXE_plexusd")), &config);
+
+    let payload = rpm_payload("rpmpayload");
+    let p = |path: &str| payload.path.join(path.trim_start_matches('/'));
+    // The RPM's default configuration is valid and names the plugin
+    // directory of kubeadm-style nodes and containerd, then Fedora's
+    // (containernetworking-plugins installs into /usr/libexec/cni).
+    let cfg = valid_config(
+        Path::new(env!("CARGO_BIN_EXE_plexusd")),
+        &p("/etc/plexus/daemon-config.json"),
+    );
     assert_eq!(cfg["binDir"], "/opt/cni/bin:/usr/libexec/cni");
-    assert_eq!(search_path(&config), ["/opt/cni/bin", "/usr/libexec/cni"]);
+    assert_eq!(
+        search_path(&p("/etc/plexus/daemon-config.json")),
+        ["/opt/cni/bin", "/usr/libexec/cni"]
+    );
+    // The link unit links the shim at Fedora's path, which this package
+    // installs.
+    let link =
+        std::fs::read_to_string(p("/usr/lib/systemd/system/plexus-shim-link.service")).unwrap();
+    assert!(
+        link.contains(
+            "\nExecStart=/bin/ln -s /usr/libexec/cni/plexus-shim /opt/cni/bin/plexus-shim\n"
+        ),
+        "{link}"
+    );
+    assert!(!link.contains("/usr/lib/cni"), "{link}");
+    assert!(p("/usr/libexec/cni/plexus-shim").is_file());
+    // The units themselves are the repository's.
+    for unit in ["plexusd.service", "plexusd.socket"] {
+        assert_eq!(
+            std::fs::read(p(&format!("/usr/lib/systemd/system/{unit}"))).unwrap(),
+            std::fs::read(repo().join("systemd").join(unit)).unwrap(),
+            "{unit}"
+        );
+    }
 }
 
-/// Runs a maintainer script of the unpacked package in a private mount
-/// namespace that looks like a systemd host (`/run/systemd/system`), with
-/// `systemctl`, `deb-systemd-helper`, `deb-systemd-invoke` and
-/// `systemd-tmpfiles` redirected to the private manager (`tools`), and
-/// `/var/lib` a scratch tmpfs (so a purge cannot touch the host's).
+/// Runs a maintainer script of the unpacked package with [`host_script`].
 fn maintainer_script(
     root: &Path,
     tools: &Path,
@@ -327,10 +377,25 @@ fn maintainer_script(
     after: &str,
 ) -> Output {
     let path = root.join(format!("var/lib/dpkg/info/plexus.{script}"));
+    host_script(tools, &path, args, prepare, after)
+}
+
+/// Runs `script` with `sh` in a private mount namespace that looks like a
+/// systemd host (`/run/systemd/system`), with `systemctl`,
+/// `deb-systemd-helper`, `deb-systemd-invoke` and `systemd-tmpfiles` taken
+/// from `tools` (the private manager's, or stubs), and `/var/lib` and
+/// `/opt` scratch tmpfs mounts (so a script cannot touch the host's).
+/// `prepare` and `after` are shell run before and after it.
+fn host_script(tools: &Path, script: &Path, args: &[&str], prepare: &str, after: &str) -> Output {
+    assert!(
+        Path::new("/opt").is_dir(),
+        "/opt is missing: nothing to mount over"
+    );
     let inner = format!(
         "set -e; mount -t tmpfs plexus-test /run/systemd; mkdir /run/systemd/system; \
-         mount -t tmpfs plexus-test /var/lib; {prepare}; sh {} {}; {after}",
-        path.display(),
+         mount -t tmpfs plexus-test /var/lib; mount -t tmpfs plexus-test /opt; \
+         {prepare}; sh {} {}; {after}",
+        script.display(),
         args.join(" ")
     );
     Command::new("unshare")
@@ -341,6 +406,122 @@ fn maintainer_script(
         )
         .output()
         .unwrap()
+}
+
+/// Stand-ins for `systemctl`, `deb-systemd-helper`, `deb-systemd-invoke`
+/// and `systemd-tmpfiles` that only log their calls to `<tools>/calls`,
+/// for scripts whose work on the units is not under test.
+fn stub_tools(tools: &Path) {
+    std::fs::create_dir_all(tools).unwrap();
+    for name in [
+        "systemctl",
+        "deb-systemd-helper",
+        "deb-systemd-invoke",
+        "systemd-tmpfiles",
+    ] {
+        let p = tools.join(name);
+        let body = format!(
+            "#!/bin/sh\necho \"{name} $*\" >> '{}'\nexit 0\n",
+            tools.join("calls").display()
+        );
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+/// Shell that makes /opt/cni/bin/plexus-shim (inside [`host_script`]'s
+/// namespace): a link to `target`, or a regular file when `target` is
+/// empty.
+fn opt_shim(target: &str) -> String {
+    if target.is_empty() {
+        "mkdir -p /opt/cni/bin; echo other > /opt/cni/bin/plexus-shim".into()
+    } else {
+        format!("mkdir -p /opt/cni/bin; ln -s {target} /opt/cni/bin/plexus-shim")
+    }
+}
+
+/// Checks a removal script of either package: removal deletes the link
+/// in /opt/cni/bin only while it points to `shim`. `run(args, prepare,
+/// after)` runs the script in [`host_script`]'s namespace; `remove` are
+/// the arguments of the removal, `keep` those of a run that must leave
+/// the link alone (an upgrade), if any.
+fn check_removal_script(
+    run: &dyn Fn(&[&str], &str, &str) -> Output,
+    shim: &str,
+    remove: &[&str],
+    keep: Option<&[&str]>,
+) {
+    let ok = |args: &[&str], prepare: &str, after: &str| {
+        let out = run(args, prepare, after);
+        assert!(
+            out.status.success(),
+            "{args:?} with `{prepare}`, then `{after}`: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Its own link goes; another link or a file stays.
+    ok(
+        remove,
+        &opt_shim(shim),
+        "test ! -e /opt/cni/bin/plexus-shim && test ! -L /opt/cni/bin/plexus-shim",
+    );
+    ok(
+        remove,
+        &opt_shim("/usr/local/bin/plexus-shim"),
+        "test \"$(readlink /opt/cni/bin/plexus-shim)\" = /usr/local/bin/plexus-shim",
+    );
+    ok(
+        remove,
+        &opt_shim(""),
+        "grep -qx other /opt/cni/bin/plexus-shim",
+    );
+    // Nothing under /opt: nothing made there.
+    ok(remove, "true", "test -z \"$(ls -A /opt)\"");
+
+    if let Some(keep) = keep {
+        ok(keep, &opt_shim(shim), "test -L /opt/cni/bin/plexus-shim");
+    }
+}
+
+#[test]
+fn deb_removal_should_remove_only_its_own_link() {
+    let root = unpacked("debremoval");
+    let tools = TestDir::new("debremoval-tools");
+    stub_tools(&tools.path);
+    let postrm = |args: &[&str], prepare: &str, after: &str| {
+        maintainer_script(&root.path, &tools.path, "postrm", args, prepare, after)
+    };
+    check_removal_script(
+        &postrm,
+        "/usr/lib/cni/plexus-shim",
+        &["remove"],
+        Some(&["upgrade", "0.2.0-1"]),
+    );
+}
+
+#[test]
+fn rpm_removal_should_remove_only_its_own_link() {
+    let (_, rpm) = packages();
+    let dir = TestDir::new("rpmremoval");
+    let tools = dir.join("tools");
+    stub_tools(&tools);
+    let postun = dir.join("postun.sh");
+    std::fs::write(
+        &postun,
+        stdout(
+            Command::new("rpm")
+                .args(["-qp", "--qf", "%{POSTUN}"])
+                .arg(rpm),
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str], prepare: &str, after: &str| {
+        host_script(&tools, &postun, args, prepare, after)
+    };
+    // %postun: 0 after the last version is erased, 1 after an upgrade.
+    check_removal_script(&run, "/usr/libexec/cni/plexus-shim", &["0"], Some(&["1"]));
 }
 
 /// Wrapper commands that turn the system-scope calls of the maintainer
@@ -432,7 +613,21 @@ fn deb_maintainer_scripts_should_enable_the_socket_and_leave_the_service_to_acti
         service.contains(bin.to_str().unwrap()),
         "ExecStart not substituted"
     );
-    m.install_units(&[("plexusd.socket", &socket), ("plexusd.service", &service)]);
+    // The shim link unit, linking into <work>/opt/cni/bin.
+    let link_dir = work.join("opt/cni/bin");
+    std::fs::create_dir_all(&link_dir).unwrap();
+    let shim = root.path.join("usr/lib/cni/plexus-shim");
+    let link_unit = crate::support::systemd::shim_link_unit(
+        &unit("plexus-shim-link.service"),
+        &link_dir,
+        &shim,
+        &work.join("shim-link.log"),
+    );
+    m.install_units(&[
+        ("plexusd.socket", &socket),
+        ("plexusd.service", &service),
+        ("plexus-shim-link.service", &link_unit),
+    ]);
     let tools = work.join("tools");
     write_tools(&m, &tools);
     let script = |name: &str, args: &[&str], prepare: &str, after: &str| {
@@ -460,6 +655,20 @@ fn deb_maintainer_scripts_should_enable_the_socket_and_leave_the_service_to_acti
     );
     assert_eq!(m.show("plexusd.socket", "SubState"), "listening");
     assert_eq!(m.show("plexusd.service", "ActiveState"), "inactive");
+    // The shim link unit is enabled (it runs at every boot) and ran: the
+    // runtime finds the shim in its plugin directory.
+    assert!(
+        work.join("config/systemd/user/multi-user.target.wants/plexus-shim-link.service")
+            .symlink_metadata()
+            .is_ok(),
+        "plexus-shim-link.service was not enabled"
+    );
+    assert_eq!(
+        std::fs::read_link(link_dir.join("plexus-shim")).ok(),
+        Some(shim.clone()),
+        "{}",
+        m.describe_failure()
+    );
     // The optional units are shipped disabled: never named on install.
     let calls = std::fs::read_to_string(tools.join("calls")).unwrap_or_default();
     for unit in [
@@ -508,6 +717,12 @@ fn deb_maintainer_scripts_should_enable_the_socket_and_leave_the_service_to_acti
     assert!(
         wants.symlink_metadata().is_err(),
         "plexusd.socket is still enabled"
+    );
+    assert!(
+        work.join("config/systemd/user/multi-user.target.wants/plexus-shim-link.service")
+            .symlink_metadata()
+            .is_err(),
+        "plexus-shim-link.service is still enabled"
     );
 
     // Purge removes the state directory (a scratch /var/lib here).

@@ -381,13 +381,16 @@ fn units_offline_analysis_reports_nothing() {
     let (socket, service) = plexus_units(dir, false);
     std::fs::write(dir.join(SOCKET), socket).unwrap();
     std::fs::write(dir.join(SERVICE), service).unwrap();
+    let link = crate::support::systemd::SHIM_LINK_UNIT;
+    std::fs::write(dir.join(link), crate::support::systemd::repo_unit(link)).unwrap();
     let socket_file = dir.join(SOCKET).display().to_string();
     let service_file = dir.join(SERVICE).display().to_string();
+    let link_file = dir.join(link).display().to_string();
 
     if skip_reason().is_some() {
         return;
     }
-    assert_verifies(&[&socket_file, &service_file]);
+    assert_verifies(&[&socket_file, &service_file, &link_file]);
 
     let out = analyze_offline(&["security", "--offline=yes", "--no-pager", &service_file])
         .expect("analyze ran once already");
@@ -552,6 +555,75 @@ fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
     let dels = std::fs::read_to_string(&del_log).unwrap_or_default();
     assert_eq!(dels.trim(), "DEL killed-1");
     assert!(!records.join("killed-1.json").exists());
+}
+
+/// plexus-shim-link.service (pointed at a directory of the work dir instead
+/// of /opt/cni/bin): no directory, no link and no directory made; an
+/// existing directory gets the link; a file or link of another owner at
+/// the name is never replaced.
+#[test]
+fn shim_link_unit_should_link_only_into_an_existing_dir_and_replace_nothing() {
+    use crate::support::systemd::{repo_unit, shim_link_unit, SHIM_LINK_UNIT as UNIT};
+    let Some(m) = Manager::start() else {
+        return;
+    };
+    let work = m.work_dir().to_path_buf();
+    let opt = work.join("opt");
+    let dir = opt.join("cni/bin");
+    let link = dir.join("plexus-shim");
+    let shim = work.join("usr/lib/cni/plexus-shim");
+    std::fs::create_dir_all(shim.parent().unwrap()).unwrap();
+    std::fs::copy(crate::support::shim::SHIM, &shim).unwrap();
+    let unit = shim_link_unit(&repo_unit(UNIT), &dir, &shim, &work.join("shim-link.log"));
+    m.install_units(&[(UNIT, &unit)]);
+    // `systemctl start` waits for the oneshot; its status says whether the
+    // unit failed (a unit that ended well is unloaded at once, so its
+    // properties would say nothing).
+    let start = |what: &str| {
+        let out = m.systemctl(&["start", UNIT]);
+        println!("{what}: {}", out.status);
+        out.status.success()
+    };
+
+    // No /opt/cni/bin: skipped, and nothing is created.
+    assert!(start("no directory"), "{}", m.describe_failure());
+    assert!(!opt.exists(), "the unit created {}", opt.display());
+
+    // The directory exists: the link is made.
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(start("directory"), "{}", m.describe_failure());
+    assert_eq!(
+        std::fs::read_link(&link).ok(),
+        Some(shim.clone()),
+        "{}",
+        m.describe_failure()
+    );
+    // Later runs (every boot) find it there and leave it.
+    assert!(start("linked already"), "{}", m.describe_failure());
+    assert_eq!(std::fs::read_link(&link).unwrap(), shim);
+
+    // Someone else's file or link at the name is left as it is.
+    std::fs::remove_file(&link).unwrap();
+    std::fs::write(&link, "another plexus-shim").unwrap();
+    assert!(start("a file of another owner"), "{}", m.describe_failure());
+    let md = std::fs::symlink_metadata(&link).unwrap();
+    assert!(md.file_type().is_file(), "{md:?}");
+    assert_eq!(
+        std::fs::read_to_string(&link).unwrap(),
+        "another plexus-shim"
+    );
+    std::fs::remove_file(&link).unwrap();
+    let other = work.join("other-shim");
+    std::fs::write(&other, "").unwrap();
+    std::os::unix::fs::symlink(&other, &link).unwrap();
+    assert!(start("a link of another owner"), "{}", m.describe_failure());
+    assert_eq!(std::fs::read_link(&link).unwrap(), other);
+    // Even one that points nowhere: the unit fails, visibly, and the link
+    // stays.
+    std::fs::remove_file(&other).unwrap();
+    assert!(!start("a dangling link of another owner"));
+    assert_eq!(m.show(UNIT, "Result"), "exit-code");
+    assert_eq!(std::fs::read_link(&link).unwrap(), other);
 }
 
 /// The shipped sandbox (ProtectSystem=strict with the unit's

@@ -4,7 +4,7 @@
 //! with dpkg, the installed service's security exposure, the packaged
 //! configuration, the RPM's file list and payload, what the Debian maintainer scripts do to the units under a
 //! private systemd manager, and what the removal scripts of both packages
-//! do to the shim's link in /opt/cni/bin.
+//! do to the shim's link in /opt/cni/bin and to the attachment records.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -429,6 +429,18 @@ fn stub_tools(tools: &Path) {
     }
 }
 
+/// Shell that puts `n` attachment records into /var/lib/plexus (inside
+/// [`host_script`]'s namespace), and a temporary file that is not one.
+fn records(n: usize) -> String {
+    let mut sh = String::from("mkdir -p /var/lib/plexus/attachments; ");
+    for i in 0..n {
+        sh.push_str(&format!(
+            "echo '{{}}' > /var/lib/plexus/attachments/c{i}.json; "
+        ));
+    }
+    sh + "touch /var/lib/plexus/attachments/.c0.1.2.tmp"
+}
+
 /// Shell that makes /opt/cni/bin/plexus-shim (inside [`host_script`]'s
 /// namespace): a link to `target`, or a regular file when `target` is
 /// empty.
@@ -441,14 +453,17 @@ fn opt_shim(target: &str) -> String {
 }
 
 /// Checks a removal script of either package: removal deletes the link
-/// in /opt/cni/bin only while it points to `shim`. `run(args, prepare,
-/// after)` runs the script in [`host_script`]'s namespace; `remove` are
-/// the arguments of the removal, `keep` those of a run that must leave
-/// the link alone (an upgrade), if any.
+/// in /opt/cni/bin only while it points to `shim`; deleting the records
+/// warns on stderr with their number and container ids, and stays quiet
+/// without records. `run(args, prepare, after)` runs the script in
+/// [`host_script`]'s namespace; `remove` and `delete` are the arguments
+/// of the removal and of the run that deletes the records, `keep` those
+/// of a run that must leave both alone (an upgrade), if any.
 fn check_removal_script(
     run: &dyn Fn(&[&str], &str, &str) -> Output,
     shim: &str,
     remove: &[&str],
+    delete: &[&str],
     keep: Option<&[&str]>,
 ) {
     let ok = |args: &[&str], prepare: &str, after: &str| {
@@ -480,13 +495,47 @@ fn check_removal_script(
     // Nothing under /opt: nothing made there.
     ok(remove, "true", "test -z \"$(ls -A /opt)\"");
 
+    // Records: a warning with their number and ids, on stderr, then gone.
+    let warning = ok(delete, &records(12), "test ! -e /var/lib/plexus");
+    println!("{delete:?} with 12 records said:\n{warning}");
+    assert!(
+        warning.contains("12 container(s)") && warning.contains("/var/lib/plexus/attachments"),
+        "{warning}"
+    );
+    for id in ["c0", "c1", "c10"] {
+        assert!(
+            warning
+                .lines()
+                .any(|l| l.trim_end().ends_with(&format!(" {id}"))),
+            "{id} not listed:\n{warning}"
+        );
+    }
+    assert!(!warning.contains(".c0.1.2"), "{warning}");
+    assert!(warning.contains("kubectl drain"), "{warning}");
+    let warning = ok(delete, &records(1), "test ! -e /var/lib/plexus");
+    assert!(warning.contains("1 container(s)"), "{warning}");
+    // No records, no warning.
+    let quiet = ok(
+        delete,
+        "mkdir -p /var/lib/plexus/attachments",
+        "test ! -e /var/lib/plexus",
+    );
+    assert!(!quiet.contains("plexus:"), "{quiet}");
+    let quiet = ok(delete, "true", "true");
+    assert!(!quiet.contains("plexus:"), "{quiet}");
     if let Some(keep) = keep {
-        ok(keep, &opt_shim(shim), "test -L /opt/cni/bin/plexus-shim");
+        let both = format!("{}; {}", records(3), opt_shim(shim));
+        let said = ok(
+            keep,
+            &both,
+            "test -f /var/lib/plexus/attachments/c2.json && test -L /opt/cni/bin/plexus-shim",
+        );
+        assert!(!said.contains("plexus:"), "{said}");
     }
 }
 
 #[test]
-fn deb_removal_should_remove_only_its_own_link() {
+fn deb_removal_should_remove_only_its_own_link_and_warn_before_purging_records() {
     let root = unpacked("debremoval");
     let tools = TestDir::new("debremoval-tools");
     stub_tools(&tools.path);
@@ -497,12 +546,13 @@ fn deb_removal_should_remove_only_its_own_link() {
         &postrm,
         "/usr/lib/cni/plexus-shim",
         &["remove"],
+        &["purge"],
         Some(&["upgrade", "0.2.0-1"]),
     );
 }
 
 #[test]
-fn rpm_removal_should_remove_only_its_own_link() {
+fn rpm_removal_should_remove_only_its_own_link_and_warn_before_deleting_records() {
     let (_, rpm) = packages();
     let dir = TestDir::new("rpmremoval");
     let tools = dir.join("tools");
@@ -521,7 +571,13 @@ fn rpm_removal_should_remove_only_its_own_link() {
         host_script(&tools, &postun, args, prepare, after)
     };
     // %postun: 0 after the last version is erased, 1 after an upgrade.
-    check_removal_script(&run, "/usr/libexec/cni/plexus-shim", &["0"], Some(&["1"]));
+    check_removal_script(
+        &run,
+        "/usr/libexec/cni/plexus-shim",
+        &["0"],
+        &["0"],
+        Some(&["1"]),
+    );
 }
 
 /// Wrapper commands that turn the system-scope calls of the maintainer

@@ -2,7 +2,8 @@
 //! runs before the tests; this test builds them when they are missing):
 //! file lists and control data, lintian, an unpack into a throw-away root
 //! with dpkg, the installed service's security exposure, the packaged
-//! configuration, the RPM's file list and payload, what the Debian maintainer scripts do to the units under a
+//! configuration, documentation and man pages, the RPM's file list and
+//! payload, what the Debian maintainer scripts do to the units under a
 //! private systemd manager, and what the removal scripts of both packages
 //! do to the shim's link in /opt/cni/bin and to the attachment records.
 
@@ -71,6 +72,8 @@ pub(super) fn packages() -> &'static (PathBuf, PathBuf) {
     })
 }
 
+/// The .deb's regular files and their modes, besides the documentation
+/// in docs/ ([`deb_files`]).
 const DEB_FILES: &[(&str, u32)] = &[
     ("/usr/bin/plexusd", 0o755),
     ("/usr/lib/cni/plexus-shim", 0o755),
@@ -83,6 +86,7 @@ const DEB_FILES: &[(&str, u32)] = &[
     ("/etc/plexus/daemon-config.json", 0o644),
     ("/usr/lib/tmpfiles.d/plexus.conf", 0o644),
     ("/usr/share/man/man8/plexusd.8.gz", 0o644),
+    ("/usr/share/man/man8/plexus-shim.8.gz", 0o644),
     ("/usr/share/bash-completion/completions/plexusd", 0o644),
     ("/usr/share/zsh/vendor-completions/_plexusd", 0o644),
     ("/usr/share/fish/vendor_completions.d/plexusd.fish", 0o644),
@@ -92,6 +96,30 @@ const DEB_FILES: &[(&str, u32)] = &[
     ("/usr/share/doc/plexus/examples/00-plexus.conflist", 0o644),
     ("/usr/share/lintian/overrides/plexus", 0o644),
 ];
+
+/// The documents in the repository's docs/ (file names).
+fn repo_docs() -> Vec<String> {
+    let mut docs: Vec<String> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .collect();
+    docs.sort();
+    assert!(docs.contains(&"shim.md".to_string()), "{docs:?}");
+    docs
+}
+
+/// Every regular file of the .deb with its mode: [`DEB_FILES`] and each
+/// of docs/*.md in /usr/share/doc/plexus/docs/, where README's links
+/// (`docs/x.md`) find them.
+fn deb_files() -> BTreeSet<(String, u32)> {
+    let mut files: BTreeSet<(String, u32)> =
+        DEB_FILES.iter().map(|(p, m)| (p.to_string(), *m)).collect();
+    for doc in repo_docs() {
+        files.insert((format!("/usr/share/doc/plexus/docs/{doc}"), 0o644));
+    }
+    files
+}
 
 #[test]
 fn deb_should_carry_the_expected_files_and_control_data() {
@@ -109,9 +137,7 @@ fn deb_should_carry_the_expected_files_and_control_data() {
             (path.to_string(), bits)
         })
         .collect();
-    let want: BTreeSet<(String, u32)> =
-        DEB_FILES.iter().map(|(p, m)| (p.to_string(), *m)).collect();
-    assert_eq!(files, want, "dpkg-deb -c:\n{listing}");
+    assert_eq!(files, deb_files(), "dpkg-deb -c:\n{listing}");
     // Debian policy: nothing under /opt (plexus-shim-link.service links
     // the shim there at run time).
     assert!(!listing.lines().any(|l| l.contains(" ./opt/")), "{listing}");
@@ -201,9 +227,9 @@ fn unpacked(tag: &str) -> TestDir {
 fn deb_should_unpack_into_a_root_with_everything_in_place() {
     let root = unpacked("debroot");
     let r = |p: &str| installed(&root.path, p);
-    for (path, mode) in DEB_FILES {
-        let md = std::fs::metadata(r(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
-        assert_eq!(md.permissions().mode() & 0o777, *mode, "{path}");
+    for (path, mode) in deb_files() {
+        let md = std::fs::metadata(r(&path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(md.permissions().mode() & 0o777, mode, "{path}");
         assert_eq!((md.uid(), md.gid()), (0, 0), "{path}");
     }
     let status = stdout(
@@ -276,6 +302,269 @@ fn search_path(config: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Relative links to Markdown files in `doc` that do not resolve.
+fn broken_md_links(doc: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(doc).unwrap_or_else(|e| panic!("{}: {e}", doc.display()));
+    let mut broken = Vec::new();
+    for part in text.split("](").skip(1) {
+        let Some(target) = part.split(')').next() else {
+            continue;
+        };
+        let file = target.split('#').next().unwrap_or("");
+        if file.is_empty() || file.contains("://") || !file.ends_with(".md") {
+            continue;
+        }
+        if !doc.parent().unwrap().join(file).is_file() {
+            broken.push(format!("{}: {target}", doc.display()));
+        }
+    }
+    broken
+}
+
+/// README.md and docs/*.md as installed under `doc_dir`: all there, and
+/// each one's links to the others resolve.
+fn assert_docs_installed(doc_dir: &Path) {
+    let mut docs = vec![doc_dir.join("README.md")];
+    docs.extend(repo_docs().iter().map(|d| doc_dir.join("docs").join(d)));
+    let mut broken = Vec::new();
+    let mut links = 0;
+    for doc in &docs {
+        assert_eq!(
+            std::fs::read(doc).unwrap_or_else(|e| panic!("{}: {e}", doc.display())),
+            std::fs::read(repo().join(doc.strip_prefix(doc_dir).unwrap())).unwrap(),
+            "{} differs from the repository's",
+            doc.display()
+        );
+        links += std::fs::read_to_string(doc).unwrap().matches(".md").count();
+        broken.extend(broken_md_links(doc));
+    }
+    assert!(links > 0, "no links to check in {docs:?}");
+    assert!(broken.is_empty(), "links that do not resolve: {broken:#?}");
+}
+
+#[test]
+fn deb_docs_should_let_readmes_links_resolve() {
+    let root = unpacked("debdocs");
+    assert_docs_installed(&root.path.join("usr/share/doc/plexus"));
+}
+
+/// The section names of a man page, in order.
+fn man_sections(page: &str) -> Vec<String> {
+    page.lines()
+        .filter_map(|l| l.strip_prefix(".SH "))
+        .map(|s| s.trim_matches('"').to_string())
+        .collect()
+}
+
+/// The roff text of section `name` of a man page.
+fn man_section<'a>(page: &'a str, name: &str) -> &'a str {
+    let start = page
+        .find(&format!(".SH {name}\n"))
+        .or_else(|| page.find(&format!(".SH \"{name}\"\n")))
+        .unwrap_or_else(|| panic!("no section {name}:\n{page}"));
+    let rest = &page[start + 4..];
+    &rest[..rest.find("\n.SH ").unwrap_or(rest.len())]
+}
+
+/// The tags of the tagged paragraphs (`.TP`) of a piece of roff.
+fn man_tags(roff: &str) -> Vec<String> {
+    let lines: Vec<&str> = roff.lines().collect();
+    lines
+        .windows(2)
+        .filter(|w| w[0] == ".TP")
+        .map(|w| plain_roff(w[1]))
+        .collect()
+}
+
+/// roff text without its escapes for fonts, dashes and apostrophes.
+fn plain_roff(text: &str) -> String {
+    text.replace("\\fB", "")
+        .replace("\\fI", "")
+        .replace("\\fR", "")
+        .replace("\\-", "-")
+        .replace("\\*(Aq", "'")
+}
+
+/// The manual pages a man page refers to, as `name(section)`.
+fn man_references(page: &str) -> BTreeSet<String> {
+    let text = plain_roff(page);
+    let mut refs = BTreeSet::new();
+    for (i, _) in text.match_indices('(') {
+        let name: String = text[..i]
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let section = &text[i + 1..];
+        let digit = section.chars().next().filter(char::is_ascii_digit);
+        if let (Some(d), false) = (digit, name.is_empty()) {
+            if section[1..].starts_with(')') {
+                refs.insert(format!("{name}({d})"));
+            }
+        }
+    }
+    refs
+}
+
+#[test]
+fn man_pages_should_have_real_sections_and_name_only_pages_that_exist() {
+    let root = unpacked("debman");
+    let page = |name: &str| {
+        stdout(Command::new("zcat").arg(root.path.join(format!("usr/share/man/man8/{name}.8.gz"))))
+    };
+    let plexusd = page("plexusd");
+    let shim = page("plexus-shim");
+    assert_eq!(
+        man_sections(&plexusd),
+        [
+            "NAME",
+            "SYNOPSIS",
+            "DESCRIPTION",
+            "OPTIONS",
+            "COMMANDS",
+            "FILES",
+            "EXIT STATUS",
+            "SIGNALS",
+            "ENVIRONMENT",
+            "SEE ALSO"
+        ]
+    );
+    assert_eq!(
+        man_sections(&shim),
+        [
+            "NAME",
+            "SYNOPSIS",
+            "DESCRIPTION",
+            "INSTALLATION",
+            "CONFIGURATION",
+            "ENVIRONMENT",
+            "EXIT STATUS",
+            "CNI ERROR CODES",
+            "FILES",
+            "SEE ALSO"
+        ]
+    );
+    // groff has nothing to say about either (lintian runs the same check).
+    for name in ["plexusd", "plexus-shim"] {
+        let out = Command::new("man")
+            .args(["--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z"])
+            .arg(root.path.join(format!("usr/share/man/man8/{name}.8.gz")))
+            .env("MANWIDTH", "80")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{name}(8): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // Every page named exists: ours in the package, the others on this
+    // Debian system (systemd's). No plexusd-show(8) and the like.
+    let refs: BTreeSet<String> = man_references(&plexusd)
+        .union(&man_references(&shim))
+        .cloned()
+        .collect();
+    assert!(
+        refs.contains("plexus-shim(8)") && refs.contains("plexusd(8)"),
+        "{refs:?}"
+    );
+    for r in &refs {
+        let (name, section) = r.trim_end_matches(')').split_once('(').unwrap();
+        let file = format!("usr/share/man/man{section}/{name}.{section}.gz");
+        let ours = root.path.join(&file);
+        assert!(
+            ours.exists() || Path::new("/").join(&file).exists(),
+            "{r} is named but exists neither in the package nor on the system"
+        );
+    }
+
+    // plexusd(8): the default paths, as the code has them.
+    let files = plain_roff(man_section(&plexusd, "FILES"));
+    for path in [
+        plexus::config::DEFAULT_CONFIG_PATH,
+        "/run/plexus/plexus.sock",
+        plexus::cni::DEFAULT_STATE_DIR,
+        "/etc/cni/net.d",
+        plexus::device_info::DEFAULT_DIR,
+        plexus::cni::multus_cache::DEFAULT_CNI_DIR,
+        "/var/log/plexus",
+    ] {
+        assert!(files.contains(path), "FILES lacks {path}:\n{files}");
+    }
+    // The exit status of a bad configuration and of a bad command line, as
+    // the packaged plexusd returns them.
+    let codes = man_tags(man_section(&plexusd, "EXIT STATUS"));
+    let bad = TestDir::new("debman-cfg");
+    std::fs::write(bad.join("bad.json"), r#"{"connectionLimit": 0}"#).unwrap();
+    let plexusd_bin = root.path.join("usr/bin/plexusd");
+    for args in [
+        vec![
+            "--config".to_string(),
+            bad.join("bad.json").display().to_string(),
+        ],
+        vec!["--no-such-option".to_string()],
+    ] {
+        let status = Command::new(&plexusd_bin)
+            .args(&args)
+            .output()
+            .unwrap()
+            .status;
+        let code = status.code().unwrap().to_string();
+        assert!(
+            codes.contains(&code),
+            "plexusd {args:?} exits {code}, not in {codes:?}"
+        );
+    }
+    for section in ["SIGNALS", "ENVIRONMENT"] {
+        let tags = man_tags(man_section(&plexusd, section));
+        let want = if section == "SIGNALS" {
+            "SIGHUP"
+        } else {
+            "NOTIFY_SOCKET"
+        };
+        assert!(tags.iter().any(|t| t.contains(want)), "{section}: {tags:?}");
+    }
+
+    // plexus-shim(8): the error codes of docs/shim.md's table, its config
+    // keys and the CNI variables it forwards.
+    let table = std::fs::read_to_string(repo().join("docs/shim.md")).unwrap();
+    let documented: BTreeSet<String> = table
+        .lines()
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split(' ').next())
+        .filter(|c| !c.is_empty() && c.chars().all(|ch| ch.is_ascii_digit()))
+        .map(str::to_string)
+        .collect();
+    let listed: BTreeSet<String> = man_tags(man_section(&shim, "CNI ERROR CODES"))
+        .into_iter()
+        .collect();
+    assert!(documented.len() >= 9, "{documented:?}");
+    assert_eq!(listed, documented, "plexus-shim(8) and docs/shim.md differ");
+    let keys = man_tags(man_section(&shim, "CONFIGURATION"));
+    for key in [
+        plexus::shim::KEY_SOCKET_DIR,
+        plexus::shim::KEY_SOCKET_PATH,
+        plexus::shim::KEY_CONNECT_TIMEOUT,
+        plexus::shim::KEY_TIMEOUT,
+    ] {
+        assert!(keys.iter().any(|k| k == key), "{key} not in {keys:?}");
+    }
+    let env = plain_roff(man_section(&shim, "ENVIRONMENT"));
+    for var in plexus::shim::ENV_VARS {
+        assert!(env.contains(var), "{var} not in:\n{env}");
+    }
+    let install = plain_roff(man_section(&shim, "INSTALLATION"));
+    assert!(
+        install.contains("/opt/cni/bin/plexus-shim")
+            && install.contains("plexus-shim-link.service"),
+        "{install}"
+    );
+}
+
 /// The RPM's payload, unpacked into a scratch directory.
 fn rpm_payload(tag: &str) -> TestDir {
     let (_, rpm) = packages();
@@ -311,10 +600,16 @@ fn rpm_should_list_the_fedora_layout() {
         "/usr/share/doc/plexus/README.md",
         "/usr/share/fish/vendor_completions.d/plexusd.fish",
         "/usr/share/man/man8/plexusd.8.gz",
+        "/usr/share/man/man8/plexus-shim.8.gz",
         "/usr/share/zsh/site-functions/_plexusd",
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(
+        repo_docs()
+            .iter()
+            .map(|d| format!("/usr/share/doc/plexus/docs/{d}")),
+    )
     .collect();
     assert_eq!(files, want);
     let config = stdout(Command::new("rpm").arg("-qp").arg("--configfiles").arg(rpm));
@@ -357,6 +652,7 @@ fn rpm_should_list_the_fedora_layout() {
     );
     assert!(!link.contains("/usr/lib/cni"), "{link}");
     assert!(p("/usr/libexec/cni/plexus-shim").is_file());
+    assert_docs_installed(&p("/usr/share/doc/plexus"));
     // The units themselves are the repository's.
     for unit in ["plexusd.service", "plexusd.socket"] {
         assert_eq!(

@@ -706,7 +706,8 @@ fn the_unit_sandbox_should_let_plexusd_write_device_info_files() {
         "stateDir": work.join("state/plexus"),
         "logLevel": "debug",
         "confDir": conf,
-        "binDir": bin,
+        // As packaged: /opt/cni/bin first, which this node lacks.
+        "binDir": format!("{}:{}", root.join("opt/cni/bin").display(), bin.display()),
         "clusterNetwork": "cluster",
         "kubeconfig": work.join("kubeconfig"),
         "nodeName": NODE,

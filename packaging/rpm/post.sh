@@ -1,6 +1,8 @@
 # plexus %post: enable plexusd.socket on first install (the service starts
 # on the first CNI call); on upgrade restart a running plexusd.service,
-# never the socket.
+# never the socket. Enable and run plexus-shim-link.service, which links
+# plexus-shim into /opt/cni/bin when that directory exists (it runs again
+# at every boot).
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload >/dev/null 2>&1 || :
 fi
@@ -8,9 +10,12 @@ systemd-tmpfiles --create plexus.conf >/dev/null 2>&1 || :
 if [ "$1" -eq 1 ]; then
     if [ -d /run/systemd/system ]; then
         systemctl enable --now plexusd.socket >/dev/null 2>&1 || :
+        systemctl enable --now plexus-shim-link.service >/dev/null 2>&1 || :
     else
         systemctl --no-reload enable plexusd.socket >/dev/null 2>&1 || :
+        systemctl --no-reload enable plexus-shim-link.service >/dev/null 2>&1 || :
     fi
 elif [ -d /run/systemd/system ]; then
     systemctl try-restart plexusd.service >/dev/null 2>&1 || :
+    systemctl start plexus-shim-link.service >/dev/null 2>&1 || :
 fi

@@ -1,11 +1,30 @@
-//! `plexus-gendocs <dir>`: writes `plexusd`'s man page (`<dir>/man/plexusd.8`)
-//! and shell completions (`<dir>/completions/`) from its command line, for
-//! the distribution packages.
+//! `plexus-gendocs <dir>`: writes the man pages `<dir>/man/plexusd.8` and
+//! `<dir>/man/plexus-shim.8`, and `plexusd`'s shell completions
+//! (`<dir>/completions/`), for the distribution packages.
+//!
+//! plexusd's synopsis, options and commands come from its command line
+//! (`plexus::cli`); the other sections of both pages are written here,
+//! with defaults (paths, timeouts, error codes) taken from the library's
+//! constants, so the pages name what the code uses. One page per program:
+//! the commands are described in plexusd(8) itself, and nothing refers to
+//! pages that are not shipped.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap_complete::Shell;
+use clap_mangen::roff::{bold, italic, roman, Inline, Roff};
+use plexus::api::{self, code};
+use plexus::{cni, config, device_info, duration, k8s, shim};
+
+/// Where `section 8` pages are filed, in the title line.
+const MANUAL: &str = "System Administration";
+/// What `Roff::render` puts before every page it renders; kept once.
+const APOSTROPHE_PREAMBLE: &str = ".ie \\n(.g .ds Aq \\(aq\n.el .ds Aq '\n";
+/// The exit status of a configuration error (EX_CONFIG, src/bin/daemon.rs).
+const EXIT_CONFIG: u8 = 78;
+/// The exit status when the system refuses something (EX_OSERR).
+const EXIT_OS: u8 = 71;
 
 fn main() -> ExitCode {
     let Some(out) = std::env::args_os().nth(1).map(PathBuf::from) else {
@@ -21,21 +40,692 @@ fn main() -> ExitCode {
     }
 }
 
-fn generate(out: &std::path::Path) -> std::io::Result<()> {
+fn generate(out: &Path) -> std::io::Result<()> {
     let man_dir = out.join("man");
     let completions = out.join("completions");
     std::fs::create_dir_all(&man_dir)?;
     std::fs::create_dir_all(&completions)?;
     let cmd = plexus::cli::command();
-    let mut page = Vec::new();
-    clap_mangen::Man::new(cmd.clone())
-        .section("8")
-        .manual("System Administration")
-        .render(&mut page)?;
-    std::fs::write(man_dir.join("plexusd.8"), page)?;
+    std::fs::write(man_dir.join("plexusd.8"), plexusd_page(cmd.clone())?)?;
+    std::fs::write(man_dir.join("plexus-shim.8"), shim_page())?;
     for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
         let mut cmd = cmd.clone();
         clap_complete::generate_to(shell, &mut cmd, "plexusd", &completions)?;
     }
     Ok(())
+}
+
+/// A man page being written: sections, paragraphs and tagged items whose
+/// text marks `code` (bold) and *placeholders* (italic).
+#[derive(Default)]
+struct Page {
+    roff: Roff,
+}
+
+impl Page {
+    fn section(&mut self, name: &str) -> &mut Self {
+        self.roff.control("SH", [name]);
+        self
+    }
+
+    /// A new paragraph.
+    fn para(&mut self, text: &str) -> &mut Self {
+        self.roff.control("PP", []);
+        self.roff.text(inline(text));
+        self
+    }
+
+    /// A paragraph with a hanging tag (a file, a signal, an option).
+    fn item(&mut self, tag: &str, text: &str) -> &mut Self {
+        self.tagged(inline(tag), &[inline(text)])
+    }
+
+    /// [`Page::item`] with its text as inlines, one per paragraph.
+    fn tagged(&mut self, tag: Vec<Inline>, paragraphs: &[Vec<Inline>]) -> &mut Self {
+        self.roff.control("TP", []);
+        self.roff.text(tag);
+        for (i, text) in paragraphs.iter().enumerate() {
+            if i > 0 {
+                self.roff.control("IP", []);
+            }
+            self.roff.text(text.clone());
+        }
+        self
+    }
+
+    /// A block shown as typed (no filling), indented.
+    fn example(&mut self, lines: &[&str]) -> &mut Self {
+        self.roff.control("PP", []);
+        self.roff.control("RS", ["4"]);
+        self.roff.control("nf", []);
+        for line in lines {
+            self.roff.text([roman(*line)]);
+        }
+        self.roff.control("fi", []);
+        self.roff.control("RE", []);
+        self
+    }
+
+    fn render(&self) -> String {
+        self.roff.render()
+    }
+}
+
+/// `text` as roff inlines: spans in backticks bold, spans in asterisks
+/// italic (not inside backticks), the rest roman.
+fn inline(text: &str) -> Vec<Inline> {
+    inline_with(text, true)
+}
+
+/// Help text of the command line as roff paragraphs: spans in backticks
+/// bold (as rustdoc writes them), asterisks as they are.
+fn cli_text(text: &str) -> Vec<Vec<Inline>> {
+    text.split("\n\n")
+        .map(|p| inline_with(&p.replace('\n', " "), false))
+        .collect()
+}
+
+fn inline_with(text: &str, italics: bool) -> Vec<Inline> {
+    let mut out = Vec::new();
+    let (mut cur, mut in_code, mut in_var) = (String::new(), false, false);
+    let mut flush = |cur: &mut String, code: bool, var: bool| {
+        if !cur.is_empty() {
+            let s = std::mem::take(cur);
+            out.push(if code {
+                bold(s)
+            } else if var {
+                italic(s)
+            } else {
+                roman(s)
+            });
+        }
+    };
+    for c in text.chars() {
+        match c {
+            '`' => {
+                flush(&mut cur, in_code, in_var);
+                in_code = !in_code;
+            }
+            '*' if italics && !in_code => {
+                flush(&mut cur, in_code, in_var);
+                in_var = !in_var;
+            }
+            c => cur.push(c),
+        }
+    }
+    flush(&mut cur, in_code, in_var);
+    out
+}
+
+/// Joins sections rendered separately, keeping one preamble.
+fn join(parts: &[String]) -> String {
+    let mut page = String::new();
+    for part in parts {
+        if page.contains(APOSTROPHE_PREAMBLE) {
+            page.push_str(&part.replacen(APOSTROPHE_PREAMBLE, "", 1));
+        } else {
+            page.push_str(part);
+        }
+    }
+    page
+}
+
+fn rendered(f: impl FnOnce(&mut Vec<u8>) -> std::io::Result<()>) -> std::io::Result<String> {
+    let mut buf = Vec::new();
+    f(&mut buf)?;
+    String::from_utf8(buf).map_err(std::io::Error::other)
+}
+
+fn socket_path() -> String {
+    Path::new(api::DEFAULT_SOCKET_DIR)
+        .join(api::SOCKET_NAME)
+        .display()
+        .to_string()
+}
+
+/// plexusd(8).
+fn plexusd_page(mut cmd: clap::Command) -> std::io::Result<String> {
+    cmd.build();
+    let man = clap_mangen::Man::new(cmd.clone())
+        .section("8")
+        .manual(MANUAL);
+    let mut head = Page::default();
+    head.section("NAME");
+    head.roff
+        .text([roman("plexusd - the Plexus thick CNI plugin daemon")]);
+    synopsis(&mut head, &cmd);
+    let mut parts = vec![rendered(|w| man.render_title(w))?, head.render()];
+    parts.push(plexusd_description().render());
+    parts.push(rendered(|w| man.render_options_section(w))?);
+    parts.push(commands(&cmd).render());
+    parts.push(plexusd_reference().render());
+    Ok(join(&parts))
+}
+
+fn plexusd_description() -> Page {
+    let sock = socket_path();
+    let mut p = Page::default();
+    p.section("DESCRIPTION")
+        .para(
+            "`plexusd` is a thick CNI plugin daemon. The container runtime runs \
+             `plexus-shim`(8), a small CNI plugin, for every CNI call (ADD, DEL, CHECK, GC, \
+             STATUS); the shim forwards the call over a unix socket to `plexusd`, which runs \
+             the real CNI plugins of the container's networks, records what it attached, and \
+             answers with the result. The networks are the cluster network (`clusterNetwork` \
+             or `delegates`) and, on a Kubernetes node, those a pod names in its \
+             `k8s.v1.cni.cncf.io/networks` annotation, found in the cluster's \
+             NetworkAttachmentDefinitions. `plexusd` speaks the wire protocol of the multus \
+             thick plugin and reads the keys of multus's `daemon-config.json`.",
+        )
+        .para(&format!(
+            "systemd owns the socket: `plexusd.socket` listens on `{sock}` and starts \
+             `plexusd.service` on the first connection. Calls made while `plexusd` starts, \
+             restarts or stops wait in the socket's backlog, so `systemctl restart plexusd` \
+             loses none. `plexusd` tells systemd when it is ready (`Type=notify`) and shows \
+             what it is doing in `systemctl status plexusd`. `plexusd-multus.socket` \
+             (disabled by default) listens at multus's socket path as well, for an unchanged \
+             multus-shim. Started without a socket from systemd, `plexusd` binds \
+             *socketDir*`/{}` itself.",
+            api::SOCKET_NAME
+        ))
+        .para(
+            "With a `kubeconfig` in its configuration, or inside a pod with a service \
+             account, `plexusd` watches this node's pods and the NetworkAttachmentDefinitions, \
+             and writes each pod's network-status annotation. Its log goes to the journal: \
+             `journalctl -u plexusd`.",
+        );
+    p
+}
+
+/// Is `a` one of the arguments every command has (help, version)?
+fn is_builtin(a: &clap::Arg) -> bool {
+    matches!(a.get_id().as_str(), "help" | "version")
+}
+
+/// The arguments of `cmd` to show in usage lines.
+fn shown_args(cmd: &clap::Command) -> Vec<&clap::Arg> {
+    cmd.get_arguments()
+        .filter(|a| !a.is_hide_set() && !is_builtin(a))
+        .collect()
+}
+
+/// One usage line per way to run plexusd: the daemon with every option,
+/// then each command.
+fn synopsis(p: &mut Page, cmd: &clap::Command) {
+    p.section("SYNOPSIS");
+    let name = cmd.get_name();
+    let mut line = format!("`{name}`");
+    for a in shown_args(cmd) {
+        line.push(' ');
+        line.push_str(&arg_usage(a));
+    }
+    p.roff.text(inline(&line));
+    for sub in cmd.get_subcommands() {
+        if sub.is_hide_set() || sub.get_name() == "help" {
+            continue;
+        }
+        let mut line = format!("`{name}` [*OPTIONS*] `{}`", sub.get_name());
+        for a in shown_args(sub).into_iter().filter(|a| !a.is_global_set()) {
+            line.push(' ');
+            line.push_str(&arg_usage(a));
+        }
+        p.roff.control("br", []);
+        p.roff.text(inline(&line));
+    }
+    p.roff.control("br", []);
+    p.roff
+        .text(inline(&format!("`{name}` `--help` | `--version`")));
+}
+
+/// The subcommands, described here rather than on pages of their own.
+fn commands(cmd: &clap::Command) -> Page {
+    let mut p = Page::default();
+    p.section("COMMANDS").para(&format!(
+        "Without a command, `{}` runs the daemon. A command runs once and exits; it \
+         reads the configuration `--config` names.",
+        cmd.get_name()
+    ));
+    for sub in cmd.get_subcommands() {
+        if sub.is_hide_set() || sub.get_name() == "help" {
+            continue;
+        }
+        let mut usage = format!("`{} {}`", cmd.get_name(), sub.get_name());
+        let args: Vec<&clap::Arg> = shown_args(sub)
+            .into_iter()
+            .filter(|a| !a.is_global_set())
+            .collect();
+        for a in &args {
+            usage.push(' ');
+            usage.push_str(&arg_usage(a));
+        }
+        let about = sub
+            .get_long_about()
+            .or_else(|| sub.get_about())
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        p.tagged(inline(&usage), &cli_text(&about));
+        if !args.is_empty() {
+            p.roff.control("RS", []);
+            for a in &args {
+                let help = a
+                    .get_long_help()
+                    .or_else(|| a.get_help())
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                p.tagged(inline(&arg_usage(a)), &cli_text(&help));
+            }
+            p.roff.control("RE", []);
+        }
+    }
+    p.para(&format!(
+        "`{0} help` [*COMMAND*] prints the help of `{0}` or of one command.",
+        cmd.get_name()
+    ));
+    p
+}
+
+/// How one argument of a command is written in its usage line.
+fn arg_usage(a: &clap::Arg) -> String {
+    let value = a
+        .get_value_names()
+        .and_then(|v| v.first())
+        .map(|v| v.to_string())
+        .unwrap_or_else(|| a.get_id().as_str().to_uppercase());
+    let takes_value = a.get_num_args().is_some_and(|n| n.takes_values());
+    let mut s = match (a.get_long(), a.get_short()) {
+        (Some(long), _) => format!("`--{long}`"),
+        (None, Some(short)) => format!("`-{short}`"),
+        (None, None) => String::new(),
+    };
+    if takes_value {
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        s.push_str(&format!("*{value}*"));
+    }
+    if a.is_required_set() {
+        s
+    } else {
+        format!("[{s}]")
+    }
+}
+
+/// FILES, EXIT STATUS, SIGNALS, ENVIRONMENT and SEE ALSO of plexusd(8).
+fn plexusd_reference() -> Page {
+    let bin_dirs = cni::DEFAULT_BIN_DIRS.join(":");
+    let mut p = Page::default();
+    p.section("FILES")
+        .item(
+            &format!("`{}`", config::DEFAULT_CONFIG_PATH),
+            "The configuration (`--config`): multus's `daemon-config.json` keys and Plexus's \
+             own, described in `/usr/share/doc/plexus/README.md`. Read at start; a change \
+             takes effect with `systemctl restart plexusd`. Without the file, the built-in \
+             defaults apply.",
+        )
+        .item(
+            &format!("`{}`", socket_path()),
+            "The socket `plexus-shim` connects to (`socketDir`), created by `plexusd.socket`.",
+        )
+        .item(
+            "`/run/multus/multus.sock`",
+            "multus's socket path, served by `plexusd` when `plexusd-multus.socket` is enabled.",
+        )
+        .item(
+            &format!("`{}`", cni::DEFAULT_STATE_DIR),
+            "The state directory (`stateDir`): one record per container in `attachments/`, \
+             with what its ADD attached, so that DEL, CHECK and GC can undo and check it \
+             after a restart or a crash. `plexusd show` reads them. Deleting them leaves \
+             those containers' networks to be removed by hand.",
+        )
+        .item(
+            "`/etc/cni/net.d`",
+            &format!(
+                "The network configurations named by `clusterNetwork` and `defaultNetworks` \
+                 (`confDir`, as packaged; built in: `{}`). Changes are seen on the next call, \
+                 without a restart. The runtime's own configuration for `plexus-shim` is here \
+                 too (`generate-config` writes `00-plexus.conf`).",
+                cni::DEFAULT_CONF_DIR
+            ),
+        )
+        .item(
+            &format!("`{bin_dirs}`"),
+            "Where the plugins are found (`binDir`, a colon-separated list searched in order; \
+             a missing directory is skipped). The packages search `/opt/cni/bin` and the \
+             distribution's CNI directory (`/usr/lib/cni` on Debian, `/usr/libexec/cni` on \
+             Fedora).",
+        )
+        .item(
+            &format!("`{}`", cni::multus_cache::DEFAULT_CNI_DIR),
+            "multus's caches (`cniDir`), read and cleaned by DEL for containers multus attached.",
+        )
+        .item(
+            &format!("`{}`", device_info::DEFAULT_DIR),
+            "Device-info files (`deviceInfoDir`): device plugins write `dp/`; for a network \
+             with a `resourceName`, `plexusd` copies the device's file to `cni/` before the \
+             plugin runs, and removes it with the network's DEL.",
+        )
+        .item(
+            &format!("`{}`", k8s::devices::DEFAULT_POD_RESOURCES_SOCKET),
+            &format!(
+                "The kubelet's pod-resources socket (`podResourcesSocket`), asked for the \
+                 devices of a pod whose networks name a `resourceName`; when it is absent, the \
+                 kubelet's checkpoint `{}` (`deviceCheckpointFile`).",
+                k8s::devices::DEFAULT_CHECKPOINT_FILE
+            ),
+        )
+        .item(
+            "`/var/log/plexus`",
+            "The unit's log directory, for a `logFile`. Without one, the log goes to stderr, \
+             which systemd passes to the journal.",
+        )
+        .item(
+            "`/usr/lib/tmpfiles.d/plexus.conf`",
+            "Creates the directories `plexusd.service` may write (its sandbox makes the rest \
+             of the file system read-only): `/var/lib/cni`, `/run/cni` and \
+             `/run/k8s.cni.cncf.io`.",
+        );
+
+    p.section("EXIT STATUS")
+        .item(
+            "0",
+            "The daemon stopped on request (SIGTERM, SIGINT, `idleTimeout`), or a command or \
+             `--check-config` succeeded.",
+        )
+        .item(
+            "1",
+            "The daemon failed while serving; `show`: nothing is recorded for the container \
+             asked about, or its record is damaged; `generate-config`: nothing could be \
+             generated.",
+        )
+        .item("2", "The command line is wrong.")
+        .item(
+            &EXIT_OS.to_string(),
+            "The system refused something `plexusd` needs: the async runtime, the metrics \
+             port, signal handlers, the state directory (EX_OSERR).",
+        )
+        .item(
+            &EXIT_CONFIG.to_string(),
+            "The configuration is wrong (every problem is printed), a directory `plexusd` \
+             writes is not safe, the log file cannot be opened, the Kubernetes credentials \
+             cannot be used, or the sockets systemd passed are not usable (EX_CONFIG). \
+             `plexusd.service` is not restarted after it (`RestartPreventExitStatus=78`): \
+             fix the cause, check it with `plexusd --check-config`, then `systemctl restart \
+             plexusd`.",
+        );
+
+    p.section("SIGNALS")
+        .item(
+            "SIGTERM, SIGINT",
+            &format!(
+                "Stop: `plexusd` tells systemd it is stopping, stops accepting connections, \
+                 lets the calls in flight finish within `shutdownTimeout` (default {}), and \
+                 exits 0. The socket stays with systemd: calls made meanwhile wait for the \
+                 next `plexusd`.",
+                duration::format(config::DEFAULT_SHUTDOWN_TIMEOUT)
+            ),
+        )
+        .item(
+            "SIGHUP",
+            "Logged and ignored: the configuration is not reloaded. A change of \
+             `daemon-config.json` takes effect with `systemctl restart plexusd`, which loses no \
+             call since systemd holds the socket. Network configurations in `confDir` and \
+             NetworkAttachmentDefinitions are picked up without a signal.",
+        );
+
+    p.section("ENVIRONMENT")
+        .item(
+            "`LISTEN_FDS`, `LISTEN_PID`, `LISTEN_FDNAMES`",
+            "The sockets systemd passes (socket activation). Removed from the environment at \
+             start, so no plugin inherits them.",
+        )
+        .item(
+            "`NOTIFY_SOCKET`",
+            "Where `plexusd` reports to systemd that it is ready, its status line, and that it \
+             is stopping.",
+        )
+        .item(
+            "`WATCHDOG_USEC`, `WATCHDOG_PID`",
+            "The watchdog interval of the unit (`WatchdogSec=`), if one is set.",
+        )
+        .item(
+            "`JOURNAL_STREAM`",
+            "When stderr is the journal, log records are sent to the journal with their \
+             fields.",
+        )
+        .item(
+            "`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`",
+            "Without a `kubeconfig`, the API server of the cluster `plexusd` runs in (with the \
+             pod's service account). On a node, set `kubeconfig` instead.",
+        )
+        .item(
+            "`PATH`",
+            "Given to the plugins `plexusd` runs, which otherwise get only the `CNI_*` \
+             variables of their call.",
+        )
+        .para(
+            "The log level is the configuration's `logLevel`; `plexusd` reads no other \
+             variables.",
+        );
+
+    p.section("SEE ALSO")
+        .para(
+            "`plexus-shim`(8), `systemd.socket`(5), `systemd.service`(5), `systemctl`(1), \
+             `journalctl`(1)",
+        )
+        .para("`/usr/share/doc/plexus/README.md`, `/usr/share/doc/plexus/docs/`");
+    p
+}
+
+/// plexus-shim(8).
+fn shim_page() -> String {
+    let version = env!("CARGO_PKG_VERSION");
+    let sock = socket_path();
+    let mut p = Page::default();
+    p.roff.control(
+        "TH",
+        [
+            "plexus-shim",
+            "8",
+            "",
+            &format!("plexus-shim {version}"),
+            MANUAL,
+        ],
+    );
+    p.section("NAME");
+    p.roff.text([roman(
+        "plexus-shim - CNI plugin that forwards CNI calls to the plexusd daemon",
+    )]);
+    p.section("SYNOPSIS");
+    p.roff.text(inline(
+        "`CNI_COMMAND`=*command* [`CNI_CONTAINERID`=*id*] [`CNI_NETNS`=*path*] \
+         [`CNI_IFNAME`=*name*] [`CNI_ARGS`=*args*] [`CNI_PATH`=*dirs*] `plexus-shim` \
+         < *network-config*",
+    ));
+    p.section("DESCRIPTION")
+        .para(&format!(
+            "`plexus-shim` is the CNI plugin the container runtime executes. It does no \
+             networking itself: it checks the call as CNI's skel library does, forwards it to \
+             `plexusd`(8) over the daemon's unix socket (`{sock}` by default; `POST /cni`, \
+             the multus thick-plugin protocol), and prints the daemon's answer as the runtime \
+             expects it: an ADD's result converted to the network configuration's \
+             `cniVersion`, nothing for DEL, CHECK, GC and STATUS. VERSION is answered without \
+             the daemon. The configuration is forwarded to the daemon byte for byte."
+        ))
+        .para(
+            "While the socket is missing or refuses connections (the daemon starting or \
+             restarting without socket activation) the shim retries until `connectTimeout`, \
+             writing one line to stderr. Under socket activation the connection simply \
+             waits in the socket's backlog.",
+        );
+
+    p.section("INSTALLATION")
+        .para(
+            "The package installs the shim in the distribution's CNI plugin directory: \
+             `/usr/lib/cni/plexus-shim` on Debian, `/usr/libexec/cni/plexus-shim` on \
+             Fedora. Runtimes whose CNI `bin_dir` is `/opt/cni/bin` (the default of \
+             containerd and CRI-O) find it there through a symbolic link, \
+             `/opt/cni/bin/plexus-shim`, that `plexus-shim-link.service` makes at boot, \
+             before the runtime starts, and when the package is installed. It makes the link \
+             only when `/opt/cni/bin` exists (it never creates the directory), and never \
+             replaces a file or link of that name that is there already; removing the \
+             package deletes the link while it still points to the packaged shim. If \
+             `/opt/cni/bin` appears later, `systemctl start plexus-shim-link` makes the link \
+             at once.",
+        )
+        .para(
+            "The runtime also needs a network configuration of type `plexus-shim` in its \
+             configuration directory (`/etc/cni/net.d`), first by name, such as \
+             `/usr/share/doc/plexus/examples/00-plexus.conflist`. `plexus-config.path` \
+             (disabled by default) writes one from the primary network's configuration, as \
+             multus's auto configuration does.",
+        );
+
+    p.section("CONFIGURATION").para(
+        "The shim reads these keys of the network configuration on stdin; all are \
+         optional. Durations are strings such as `\"500ms\"`, `\"10s\"`, `\"2m\"`. Every bad \
+         key is reported in one error (code 7).",
+    );
+    p.item(
+        &format!("`{}`", shim::KEY_SOCKET_DIR),
+        &format!(
+            "The directory of the daemon's socket, `<dir>/{}` (default `{}`): multus-shim's \
+             key, with Plexus's socket name.",
+            api::SOCKET_NAME,
+            api::DEFAULT_SOCKET_DIR
+        ),
+    )
+    .item(
+        &format!("`{}`", shim::KEY_SOCKET_PATH),
+        &format!(
+            "The daemon's socket as a full path; wins over `{}`. `/run/multus/multus.sock` \
+             makes the shim talk to a multus daemon.",
+            shim::KEY_SOCKET_DIR
+        ),
+    )
+    .item(
+        &format!("`{}`", shim::KEY_CONNECT_TIMEOUT),
+        &format!(
+            "How long to keep retrying while the socket is missing, refuses connections or \
+             has a full backlog (default `{}`; `\"0\"`: one attempt).",
+            duration::format(shim::DEFAULT_CONNECT_TIMEOUT)
+        ),
+    )
+    .item(
+        &format!("`{}`", shim::KEY_TIMEOUT),
+        &format!(
+            "The deadline of the whole call: connecting, sending, and waiting for the answer \
+             (default `{}`).",
+            duration::format(shim::DEFAULT_TIMEOUT)
+        ),
+    )
+    .para(
+        "Every other key (`name`, `cniVersion`, `runtimeConfig`, `capabilities`, and \
+         `plexusd`'s network keys such as `clusterNetwork`) is the daemon's business.",
+    )
+    .example(&[
+        "{\"cniVersion\": \"1.0.0\", \"name\": \"plexus\",",
+        " \"plugins\": [{\"type\": \"plexus-shim\", \"daemonSocketDir\": \"/run/plexus\"}]}",
+    ]);
+
+    p.section("ENVIRONMENT").para(&format!(
+        "The CNI variables: {}. `CNI_COMMAND` is one of ADD, DEL, CHECK, GC, STATUS, \
+         VERSION; ADD, DEL and CHECK need `CNI_CONTAINERID` and `CNI_IFNAME`, ADD and CHECK \
+         `CNI_NETNS`. Only these are sent to the daemon, none of the rest of the \
+         environment.",
+        shim::ENV_VARS
+            .iter()
+            .map(|v| format!("`{v}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+
+    p.section("EXIT STATUS")
+        .item(
+            "0",
+            "Success: the ADD result, the VERSION answer, or nothing, on stdout.",
+        )
+        .item(
+            "1",
+            "Failure, DEL included: a CNI error (`code`, `msg`, `details`) on stdout. A DEL \
+             that did not reach the daemon is never reported as a success: the runtime must \
+             retry it.",
+        );
+
+    p.section("CNI ERROR CODES")
+        .para(
+            "An error the daemon answered with is passed through with its own code (`plexusd` \
+             answers 11 when it is overloaded or stopping). The shim's own:",
+        )
+        .item(
+            &code::INCOMPATIBLE_VERSION.to_string(),
+            "Unsupported `cniVersion`; CHECK, GC or STATUS with too old a configuration; a \
+             result that cannot be converted to the configuration's version.",
+        )
+        .item(
+            &code::INVALID_ENVIRONMENT.to_string(),
+            "`CNI_COMMAND` missing or unknown; `CNI_CONTAINERID`, `CNI_IFNAME` or \
+             `CNI_NETNS` missing.",
+        )
+        .item(
+            &code::IO_FAILURE.to_string(),
+            "stdin cannot be read; the socket cannot be connected to for a reason retrying \
+             will not fix; the socket, a directory on its path or the process listening on \
+             it is not root's (nothing is sent).",
+        )
+        .item(
+            &code::DECODING_FAILURE.to_string(),
+            "stdin is empty, not JSON, or not a JSON object.",
+        )
+        .item(
+            &code::INVALID_NETWORK_CONFIG.to_string(),
+            &format!(
+                "No `cniVersion`; stdin larger than {} MiB; a bad shim key.",
+                api::MAX_BODY_BYTES >> 20
+            ),
+        )
+        .item(
+            &code::TRY_AGAIN_LATER.to_string(),
+            "Try again later: the daemon was not reachable within `connectTimeout`, or the \
+             connection broke before the whole request was sent, so the daemon cannot have \
+             acted on it; also an HTTP 503 without a CNI error.",
+        )
+        .item(
+            &code::NO_ANSWER.to_string(),
+            "The request was sent but no complete answer came back (connection closed or \
+             reset, or no answer within `timeout`): whether the operation took effect is \
+             unknown.",
+        )
+        .item(
+            &code::BAD_ANSWER.to_string(),
+            "The answer is not usable: not HTTP, or an ADD answer without a valid result.",
+        )
+        .item(
+            &code::INTERNAL.to_string(),
+            "The daemon answered with an error that is not CNI error JSON (as a multus daemon \
+             does), or with a CNI error without a code.",
+        );
+
+    p.section("FILES")
+        .item(
+            &format!("`{sock}`"),
+            "`plexusd`'s socket, created by `plexusd.socket`.",
+        )
+        .item(
+            "`/usr/lib/cni/plexus-shim`, `/usr/libexec/cni/plexus-shim`",
+            "The shim as packaged (Debian, Fedora).",
+        )
+        .item(
+            "`/opt/cni/bin/plexus-shim`",
+            "The link made by `plexus-shim-link.service` when `/opt/cni/bin` exists.",
+        )
+        .item(
+            "`/etc/cni/net.d`",
+            "The runtime's network configurations, one of which names `plexus-shim`.",
+        );
+
+    p.section("SEE ALSO").para(
+        "`plexusd`(8), `systemctl`(1), `/usr/share/doc/plexus/docs/shim.md`, and the CNI \
+         specification, https://www.cni.dev/docs/spec/.",
+    );
+    p.render()
 }

@@ -381,13 +381,16 @@ fn units_offline_analysis_reports_nothing() {
     let (socket, service) = plexus_units(dir, false);
     std::fs::write(dir.join(SOCKET), socket).unwrap();
     std::fs::write(dir.join(SERVICE), service).unwrap();
+    let link = crate::support::systemd::SHIM_LINK_UNIT;
+    std::fs::write(dir.join(link), crate::support::systemd::repo_unit(link)).unwrap();
     let socket_file = dir.join(SOCKET).display().to_string();
     let service_file = dir.join(SERVICE).display().to_string();
+    let link_file = dir.join(link).display().to_string();
 
     if skip_reason().is_some() {
         return;
     }
-    assert_verifies(&[&socket_file, &service_file]);
+    assert_verifies(&[&socket_file, &service_file, &link_file]);
 
     let out = analyze_offline(&["security", "--offline=yes", "--no-pager", &service_file])
         .expect("analyze ran once already");
@@ -552,4 +555,244 @@ fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
     let dels = std::fs::read_to_string(&del_log).unwrap_or_default();
     assert_eq!(dels.trim(), "DEL killed-1");
     assert!(!records.join("killed-1.json").exists());
+}
+
+/// plexus-shim-link.service (pointed at a directory of the work dir instead
+/// of /opt/cni/bin): no directory, no link and no directory made; an
+/// existing directory gets the link; a file or link of another owner at
+/// the name is never replaced.
+#[test]
+fn shim_link_unit_should_link_only_into_an_existing_dir_and_replace_nothing() {
+    use crate::support::systemd::{repo_unit, shim_link_unit, SHIM_LINK_UNIT as UNIT};
+    let Some(m) = Manager::start() else {
+        return;
+    };
+    let work = m.work_dir().to_path_buf();
+    let opt = work.join("opt");
+    let dir = opt.join("cni/bin");
+    let link = dir.join("plexus-shim");
+    let shim = work.join("usr/lib/cni/plexus-shim");
+    std::fs::create_dir_all(shim.parent().unwrap()).unwrap();
+    std::fs::copy(crate::support::shim::SHIM, &shim).unwrap();
+    let unit = shim_link_unit(&repo_unit(UNIT), &dir, &shim, &work.join("shim-link.log"));
+    m.install_units(&[(UNIT, &unit)]);
+    // `systemctl start` waits for the oneshot; its status says whether the
+    // unit failed (a unit that ended well is unloaded at once, so its
+    // properties would say nothing).
+    let start = |what: &str| {
+        let out = m.systemctl(&["start", UNIT]);
+        println!("{what}: {}", out.status);
+        out.status.success()
+    };
+
+    // No /opt/cni/bin: skipped, and nothing is created.
+    assert!(start("no directory"), "{}", m.describe_failure());
+    assert!(!opt.exists(), "the unit created {}", opt.display());
+
+    // The directory exists: the link is made.
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(start("directory"), "{}", m.describe_failure());
+    assert_eq!(
+        std::fs::read_link(&link).ok(),
+        Some(shim.clone()),
+        "{}",
+        m.describe_failure()
+    );
+    // Later runs (every boot) find it there and leave it.
+    assert!(start("linked already"), "{}", m.describe_failure());
+    assert_eq!(std::fs::read_link(&link).unwrap(), shim);
+
+    // Someone else's file or link at the name is left as it is.
+    std::fs::remove_file(&link).unwrap();
+    std::fs::write(&link, "another plexus-shim").unwrap();
+    assert!(start("a file of another owner"), "{}", m.describe_failure());
+    let md = std::fs::symlink_metadata(&link).unwrap();
+    assert!(md.file_type().is_file(), "{md:?}");
+    assert_eq!(
+        std::fs::read_to_string(&link).unwrap(),
+        "another plexus-shim"
+    );
+    std::fs::remove_file(&link).unwrap();
+    let other = work.join("other-shim");
+    std::fs::write(&other, "").unwrap();
+    std::os::unix::fs::symlink(&other, &link).unwrap();
+    assert!(start("a link of another owner"), "{}", m.describe_failure());
+    assert_eq!(std::fs::read_link(&link).unwrap(), other);
+    // Even one that points nowhere: the unit fails, visibly, and the link
+    // stays.
+    std::fs::remove_file(&other).unwrap();
+    assert!(!start("a dangling link of another owner"));
+    assert_eq!(m.show(UNIT, "Result"), "exit-code");
+    assert_eq!(std::fs::read_link(&link).unwrap(), other);
+}
+
+/// The shipped sandbox (ProtectSystem=strict with the unit's
+/// ReadWritePaths=) must let plexusd write what it writes by default:
+/// here the device-info file of a NetworkAttachmentDefinition with a
+/// `resourceName`, copied from the device plugin's before the network's
+/// plugin runs, shown in the pod's network-status and removed by DEL.
+/// The unit's ReadWritePaths= and the package's tmpfiles.d are moved into
+/// a root on the root file system (`<root>/var/run` a link to `../run`, as
+/// on a host), and deviceInfoDir is the default path below that root. Not
+/// below /run: under this unit systemd 252 keeps all of /run writable
+/// (see [`Manager::root_fs_dir`]), an accident the unit must not rely on.
+#[test]
+fn the_unit_sandbox_should_let_plexusd_write_device_info_files() {
+    use crate::support::kube::{pod_args, FakeApi, NODE};
+    use crate::support::kubelet::FakeKubelet;
+    use crate::support::netns::Netns;
+    use crate::support::systemd::reroot_read_write_paths;
+    const RESOURCE: &str = "example.com/nic";
+    const DEVICE: &str = "0000:00:0a.0";
+    if skip_reason().is_some() {
+        println!("skipping: no private systemd manager here");
+        return;
+    }
+    // Before the manager, whose mount namespace sees only the netns
+    // mounts made before it started.
+    let ns = Netns::new();
+    let Some(m) = Manager::start() else {
+        return;
+    };
+    let work = m.work_dir().to_path_buf();
+    let root = m.root_fs_dir().join("root");
+    std::fs::create_dir_all(root.join("var")).unwrap();
+    std::os::unix::fs::symlink("../run", root.join("var/run")).unwrap();
+    let tmpfiles = std::process::Command::new("systemd-tmpfiles")
+        .arg("--create")
+        .arg(format!("--root={}", root.display()))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/plexus.tmpfiles"))
+        .output()
+        .unwrap();
+    assert!(tmpfiles.status.success(), "{tmpfiles:?}");
+    let devinfo = root.join(plexus::device_info::DEFAULT_DIR.strip_prefix('/').unwrap());
+    // A fake plugin for both networks, in a directory plexusd only reads.
+    let bin = work.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let plugin = "#!/bin/bash\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n\
+         VERSION) echo '{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}' ;;\n\
+         ADD) echo \"{\\\"cniVersion\\\":\\\"1.0.0\\\",\\\"interfaces\\\":[{\\\"name\\\":\\\"$CNI_IFNAME\\\",\\\"sandbox\\\":\\\"$CNI_NETNS\\\"}]}\" ;;\n\
+         esac\nexit 0\n";
+    std::fs::write(bin.join("fake"), plugin).unwrap();
+    std::fs::set_permissions(bin.join("fake"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let net = |name: &str| {
+        serde_json::json!({"cniVersion": "1.0.0", "name": name,
+            "plugins": [{"type": "fake", "capabilities": {"deviceID": true}}]})
+    };
+    let conf = work.join("net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(conf.join("10-cluster.conflist"), net("cluster").to_string()).unwrap();
+
+    let api = FakeApi::start();
+    api.put_nad(
+        "ns1",
+        "red",
+        Some(&net("red-net").to_string()),
+        serde_json::json!({"k8s.v1.cni.cncf.io/resourceName": RESOURCE}),
+    );
+    api.put_pod(
+        "ns1",
+        "p",
+        "uid-p",
+        NODE,
+        serde_json::json!({"k8s.v1.cni.cncf.io/networks": "red"}),
+    );
+    let kubelet = FakeKubelet::start(&work.join("kubelet.sock"));
+    kubelet.set_pod("ns1", "p", &[&[(RESOURCE, &[DEVICE])]]);
+    api.write_kubeconfig(&work.join("kubeconfig"));
+
+    let config = serde_json::json!({
+        "socketDir": work.join("sock"),
+        "stateDir": work.join("state/plexus"),
+        "logLevel": "debug",
+        "confDir": conf,
+        // As packaged: /opt/cni/bin first, which this node lacks.
+        "binDir": format!("{}:{}", root.join("opt/cni/bin").display(), bin.display()),
+        "clusterNetwork": "cluster",
+        "kubeconfig": work.join("kubeconfig"),
+        "nodeName": NODE,
+        "kubernetesRequestTimeout": "5s",
+        "podResourcesSocket": work.join("kubelet.sock"),
+        "deviceCheckpointFile": work.join("no-checkpoint"),
+        "deviceInfoDir": root.join("var/run/k8s.cni.cncf.io/devinfo"),
+    });
+    std::fs::write(work.join("daemon-config.json"), config.to_string()).unwrap();
+    let (socket, service) = plexus_units(&work, true);
+    let sandboxed = reroot_read_write_paths(&service, &root);
+    // The sandbox itself is the shipped one.
+    for option in ["ProtectSystem=strict", "PrivateTmp=yes", "ProtectHome=yes"] {
+        assert!(sandboxed.contains(option), "{option} is gone:\n{sandboxed}");
+    }
+    m.install_units(&[(SOCKET, &socket), (SERVICE, &sandboxed)]);
+    m.systemctl_ok(&["start", SOCKET]);
+    let sock = work.join("sock/plexus.sock");
+    // plexusd runs before the device plugin writes its first file: the
+    // directories it may write are fixed when it starts.
+    let healthz = crate::support::http::request(&sock, "GET", "/healthz", b"");
+    assert!(
+        healthz.as_ref().is_ok_and(|r| r.status == 200),
+        "{healthz:?}\n{}",
+        m.describe_failure()
+    );
+    m.wait_property(SERVICE, "ActiveState", "active", STATE_TIMEOUT);
+    // Then the device plugin's file (the plugin runs outside plexusd's
+    // sandbox).
+    let dp = devinfo.join("dp");
+    std::fs::create_dir_all(&dp).unwrap();
+    let device_info = r#"{"type":"pci","version":"1.1.0","pci":{"pci-address":"0000:00:0a.0"}}"#;
+    std::fs::write(
+        dp.join(format!("example.com-nic-{DEVICE}-device.json")),
+        device_info,
+    )
+    .unwrap();
+
+    let call = |command: &str| {
+        let env: Vec<(String, String)> = [
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", "devinfo-1"),
+            ("CNI_NETNS", ns.path.as_str()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", &pod_args("ns1", "p", "uid-p")),
+            ("CNI_PATH", "/usr/lib/cni"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let stdin = serde_json::json!({"cniVersion": "1.0.0", "name": "plexus",
+            "type": "plexus-shim", "daemonSocketDir": sock.parent().unwrap()});
+        crate::support::shim::run(env, stdin.to_string().as_bytes())
+    };
+    let log = || std::fs::read_to_string(work.join("plexusd.log")).unwrap_or_default();
+
+    let add = call("ADD");
+    assert_eq!(add.code, Some(0), "{add:?}\n{}", m.describe_failure());
+    let file = devinfo.join("cni").join("ns1-red-devinfo-1_net1");
+    assert_eq!(
+        std::fs::read_to_string(&file).ok().as_deref(),
+        Some(device_info),
+        "plexusd did not write {} under the sandbox\n{}",
+        file.display(),
+        log()
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&api.network_status("ns1", "p").expect("no network-status")).unwrap();
+    let net1 = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["interface"] == "net1")
+        .unwrap_or_else(|| panic!("no net1 in {status}"));
+    assert_eq!(
+        net1["device-info"]["pci"]["pci-address"], DEVICE,
+        "{status}"
+    );
+
+    let del = call("DEL");
+    assert_eq!(del.code, Some(0), "{del:?}\n{}", m.describe_failure());
+    assert!(!file.exists(), "DEL left {}\n{}", file.display(), log());
+    assert!(
+        !log().contains("cannot copy a device plugin's device-info file"),
+        "{}",
+        log()
+    );
 }

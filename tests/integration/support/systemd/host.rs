@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{poll_until, PATH_ENV, PREFIX, WORK_BASE};
+use super::{poll_until, PATH_ENV, PREFIX, ROOT_FS_BASE, WORK_BASE};
 
 pub(super) fn is_executable(p: &Path) -> bool {
     fs::metadata(p)
@@ -179,7 +179,7 @@ pub(super) fn sweep_stale() {
             let _ = remove_cgroup_tree(&dir);
         }
     }
-    for base in [WORK_BASE, "/tmp"] {
+    for base in [WORK_BASE, ROOT_FS_BASE, "/tmp"] {
         let Ok(rd) = fs::read_dir(base) else { continue };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();

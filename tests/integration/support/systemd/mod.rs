@@ -26,7 +26,9 @@
 //! * `systemctl --user` runs through `nsenter --mount --target <manager pid>`
 //!   with the same `XDG_RUNTIME_DIR`, bounded by `timeout`.
 //! * Everything a test must reach from the host (sockets, logs, configs)
-//!   lives in the work dir on the host file system.
+//!   lives in the work dir on the host file system; what a unit's
+//!   `ProtectSystem=strict` must keep read-only, in a directory on the root
+//!   file system ([`Manager::root_fs_dir`]).
 //! * `Drop`: `systemctl --user exit` (fallback SIGTERM, then SIGKILL), a
 //!   bounded wait, SIGKILL for anything left in the run's cgroups or mount
 //!   namespace, `rmdir` of the cgroups deepest first, then host checks (no
@@ -91,7 +93,8 @@ use host::{
     pids_in_mount_ns, remove_cgroup_tree, sweep_stale,
 };
 pub use units::{
-    analyze_offline, assert_verifies, plexus_units, ScratchDir, SERVICE_UNIT, SOCKET_UNIT,
+    analyze_offline, assert_verifies, plexus_units, repo_unit, reroot_read_write_paths,
+    shim_link_unit, ScratchDir, SERVICE_UNIT, SHIM_LINK_UNIT, SOCKET_UNIT,
 };
 
 /// Serialises managers across all test processes and threads.
@@ -102,6 +105,9 @@ pub const PREFIX: &str = "plexus-sd-";
 /// when it runs as root) honours `PrivateTmp=yes` of plexusd.service, so the
 /// daemon would see neither its config nor a binary below /tmp or /var/tmp.
 pub const WORK_BASE: &str = "/run/plexus-systemd-tests";
+/// Parent of the managers' directories on the root file system
+/// ([`Manager::root_fs_dir`]).
+pub const ROOT_FS_BASE: &str = "/var/lib/plexus-systemd-tests";
 /// Source name of the harness's tmpfs mounts (visible in mountinfo).
 const MOUNT_SOURCE: &str = "plexus-sd";
 const SYSTEMD_BIN: &str = "/lib/systemd/systemd";
@@ -167,6 +173,8 @@ pub struct Manager {
     host_had_marker: bool,
     created_run_systemd: bool,
     foreign_before: HashMap<u32, (String, String)>,
+    /// [`Manager::root_fs_dir`], once asked for.
+    root_fs_dir: std::cell::OnceCell<PathBuf>,
     // Dropped last: the next manager may start only after the cleanup.
     _lock: FileLock,
 }
@@ -213,6 +221,7 @@ impl Manager {
             host_had_marker,
             created_run_systemd,
             foreign_before: HashMap::new(),
+            root_fs_dir: std::cell::OnceCell::new(),
             _lock: lock,
         };
         fs::set_permissions(&m.work, fs::Permissions::from_mode(0o755)).unwrap();
@@ -245,6 +254,25 @@ impl Manager {
     /// The run's private directory on the host (sockets, logs, configs).
     pub fn work_dir(&self) -> &Path {
         &self.work
+    }
+
+    /// A directory of this run on the root file system
+    /// (`/var/lib/plexus-systemd-tests/<name>`), removed with the manager.
+    ///
+    /// The work dir is no place to test what `ProtectSystem=strict` keeps
+    /// read-only: a unit that implies `MountAPIVFS=` (`ProtectControlGroups=`,
+    /// `ProtectKernelTunables=`) keeps the whole of /run writable, because
+    /// systemd leaves the /run mount point out of its read-only remount. Paths
+    /// outside /run, /tmp (`PrivateTmp=`) and the home directories
+    /// (`ProtectHome=`) are read-only to such a unit unless it lists them.
+    pub fn root_fs_dir(&self) -> &Path {
+        self.root_fs_dir.get_or_init(|| {
+            let dir = Path::new(ROOT_FS_BASE).join(&self.name);
+            fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+            fs::set_permissions(ROOT_FS_BASE, fs::Permissions::from_mode(0o755)).unwrap();
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+            dir
+        })
     }
 
     /// The manager's pid (also the target for `nsenter`).
@@ -701,14 +729,18 @@ impl Drop for Manager {
         if keep {
             let _ = fs::write(self.work.join("KEEP"), "");
             eprintln!("systemd harness: work dir kept: {}", self.work.display());
-        } else if let Err(e) = fs::remove_dir_all(&self.work) {
-            eprintln!(
-                "systemd harness: could not remove {}: {e}",
-                self.work.display()
-            );
+        } else {
+            let dirs = std::iter::once(self.work.as_path())
+                .chain(self.root_fs_dir.get().map(PathBuf::as_path));
+            for dir in dirs {
+                if let Err(e) = fs::remove_dir_all(dir) {
+                    eprintln!("systemd harness: could not remove {}: {e}", dir.display());
+                }
+            }
         }
-        // Only managers (serialised by the lock we still hold) use the base.
+        // Only managers (serialised by the lock we still hold) use the bases.
         let _ = fs::remove_dir(WORK_BASE);
+        let _ = fs::remove_dir(ROOT_FS_BASE);
         if !problems.is_empty() {
             let msg = format!(
                 "systemd harness teardown problems:\n  {}",

@@ -11,8 +11,13 @@ use crate::support::daemon::PLEXUSD;
 
 pub const SOCKET_UNIT: &str = "plexusd.socket";
 pub const SERVICE_UNIT: &str = "plexusd.service";
+pub const SHIM_LINK_UNIT: &str = "plexus-shim-link.service";
 const REPO_SOCKET_PATH: &str = "/run/plexus/plexus.sock";
 const REPO_EXEC_START: &str = "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json";
+/// The runtime's plugin directory that plexus-shim-link.service links into.
+const REPO_LINK_DIR: &str = "/opt/cni/bin";
+/// The shim as the Debian package installs it (the link's target).
+const REPO_SHIM: &str = "/usr/lib/cni/plexus-shim";
 
 /// Runs `systemd-analyze ARGS` in a throw-away mount namespace with a tmpfs
 /// over /run/systemd, so that its side effects (`/run/systemd/systemd-units-load`)
@@ -79,7 +84,7 @@ impl Drop for ScratchDir {
 // ---------------------------------------------------------------------------
 // helpers
 
-pub(super) fn repo_unit(name: &str) -> String {
+pub fn repo_unit(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("systemd")
         .join(name);
@@ -141,6 +146,57 @@ pub fn plexus_units(work: &Path, for_manager: bool) -> (String, String) {
         service = add_to_section(&service, "Service", &output, SERVICE_UNIT);
     }
     (socket, service)
+}
+
+/// `unit` (a plexus-shim-link.service) linking into `link_dir` instead
+/// of /opt/cni/bin, to `shim` instead of the packaged shim, its output
+/// appended to `log` (there is no journald).
+pub fn shim_link_unit(unit: &str, link_dir: &Path, shim: &Path, log: &Path) -> String {
+    assert!(
+        unit.contains(REPO_LINK_DIR) && unit.contains(REPO_SHIM),
+        "{SHIM_LINK_UNIT} no longer names {REPO_LINK_DIR} and {REPO_SHIM}; update \
+         tests/integration/support/systemd/units.rs"
+    );
+    let unit = unit
+        .replace(REPO_LINK_DIR, link_dir.to_str().unwrap())
+        .replace(REPO_SHIM, shim.to_str().unwrap());
+    let output = format!(
+        "StandardOutput=append:{0}\nStandardError=append:{0}\n",
+        log.display()
+    );
+    add_to_section(&unit, "Service", &output, SHIM_LINK_UNIT)
+}
+
+/// `unit` with each of its `ReadWritePaths=` moved below `root` (`-/run/x`
+/// becomes `-<root>/run/x`), for a test that recreates those paths there;
+/// the other sandbox options stay as they are.
+pub fn reroot_read_write_paths(unit: &str, root: &Path) -> String {
+    let mut found = false;
+    let lines: Vec<String> = unit
+        .lines()
+        .map(|line| {
+            let Some(paths) = line.strip_prefix("ReadWritePaths=") else {
+                return line.to_string();
+            };
+            found = true;
+            let moved: Vec<String> = paths
+                .split_whitespace()
+                .map(|p| {
+                    let (dash, path) = match p.strip_prefix('-') {
+                        Some(rest) => ("-", rest),
+                        None => ("", p),
+                    };
+                    let path = path
+                        .strip_prefix('/')
+                        .unwrap_or_else(|| panic!("ReadWritePaths= entry {p:?} is not absolute"));
+                    format!("{dash}{}", root.join(path).display())
+                })
+                .collect();
+            format!("ReadWritePaths={}", moved.join(" "))
+        })
+        .collect();
+    assert!(found, "no ReadWritePaths= in the unit");
+    lines.join("\n") + "\n"
 }
 
 /// Asserts that `systemd-analyze verify` accepts `files` (unit files) and

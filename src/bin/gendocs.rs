@@ -455,17 +455,18 @@ fn plexusd_reference() -> Page {
 
     p.section("SIGNALS")
         .item(
-            "SIGTERM, SIGINT",
+            "SIGTERM, SIGINT, SIGQUIT",
             &format!(
                 "Stop: `plexusd` tells systemd it is stopping, stops accepting connections, \
                  lets the calls in flight finish within `shutdownTimeout` (default {}), and \
                  exits 0. The socket stays with systemd: calls made meanwhile wait for the \
-                 next `plexusd`.",
+                 next `plexusd`. A socket `plexusd` bound itself (without systemd) is removed, \
+                 unless a successor has taken its path over.",
                 duration::format(config::DEFAULT_SHUTDOWN_TIMEOUT)
             ),
         )
         .item(
-            "SIGHUP",
+            "SIGHUP, SIGUSR1, SIGUSR2",
             "Logged and ignored: the configuration is not reloaded. A change of \
              `daemon-config.json` takes effect with `systemctl restart plexusd`, which loses no \
              call since systemd holds the socket. Network configurations in `confDir` and \
@@ -540,6 +541,10 @@ fn shim_page() -> String {
         "`CNI_COMMAND`=*command* [`CNI_CONTAINERID`=*id*] [`CNI_NETNS`=*path*] \
          [`CNI_IFNAME`=*name*] [`CNI_ARGS`=*args*] [`CNI_PATH`=*dirs*] `plexus-shim` \
          < *network-config*",
+    ));
+    p.roff.control("br", []);
+    p.roff.text(inline(
+        "`plexus-shim` `--version` | `--help` (without `CNI_COMMAND`: for a person at a shell)",
     ));
     p.section("DESCRIPTION")
         .para(&format!(

@@ -38,11 +38,29 @@ struct Node {
 
 impl Node {
     fn start(name: &str, connection_limit: u64) -> Self {
+        Self::start_at(name, connection_limit, "1.0.0")
+    }
+
+    /// With the network at `cni_version`; at 1.1.0 `stuck` speaks 1.1.0
+    /// too and takes part in GC, copying each GC's stdin to
+    /// `$DIR/gc.<n>`.
+    fn start_at(name: &str, connection_limit: u64, cni_version: &str) -> Self {
         let e = Engine::new(name);
         let br = Link::planned("b");
         let subnet = Subnet::new();
-        e.fake(
+        let version_1_1 = if cni_version == "1.1.0" {
+            r#"if [ "$CNI_COMMAND" = VERSION ]; then
+  echo '{"cniVersion":"1.1.0","supportedVersions":["1.0.0","1.1.0"]}'; exit 0
+fi
+if [ "$CNI_COMMAND" = GC ]; then
+  n=$(ls "$DIR" | grep -c '^gc\.'); echo "$STDIN" > "$DIR/gc.$n"; exit 0
+fi"#
+        } else {
+            ""
+        };
+        e.fake_with(
             "stuck",
+            version_1_1,
             &format!(
                 r#"case "$CNI_COMMAND/$CNI_CONTAINERID" in
   ADD/bad-*|DEL/bad-*)
@@ -54,17 +72,17 @@ exit 0"#,
                 Engine::pass_through()
             ),
         );
-        e.write_network(
-            "10-net.conflist",
-            &conflist(
-                NET,
-                "1.0.0",
-                vec![
-                    bridge(&br.name, e.host_local(&subnet)),
-                    json!({"type": "stuck"}),
-                ],
-            ),
+        let mut list = conflist(
+            NET,
+            cni_version,
+            vec![
+                bridge(&br.name, e.host_local(&subnet)),
+                json!({"type": "stuck"}),
+            ],
         );
+        // Debian's bridge and host-local stop at 1.0.0.
+        list["cniVersions"] = json!(["1.0.0", cni_version]);
+        e.write_network("10-net.conflist", &list);
         let mut cfg = e.config(NET, "120s");
         cfg["connectionLimit"] = connection_limit.into();
         // Long enough for every good ADD below on a busy machine, short
@@ -253,6 +271,45 @@ fn a_gc_storm_should_hold_one_slot() {
     }
     // The first GC deleted the stale container once its ADD was done.
     assert!(!ns.has_link("eth0"), "{:?}", ns.ifaces());
+    node.assert_clean();
+}
+
+/// GC's plugin phase needs a moment without any operation (a plugin told
+/// to GC frees what the valid list lacks, so every ADD under way must be
+/// in it). Behind an ADD whose plugin hangs it waits, and the other pods'
+/// ADDs and DELs are served meanwhile; once the hung ADD is done, the
+/// plugins' GC runs, with that container valid. Were GC queued for the
+/// lock, every new ADD would wait behind it until the hung plugin ends.
+#[test]
+fn gc_waiting_behind_a_hung_add_should_hold_up_no_other_pod() {
+    let node = Node::start_at("fair-gcwait", 4, "1.1.0");
+    let d = &node.d;
+    let ns = Netns::new();
+    let add = node.hung_add("bad-gcw", &ns);
+    let gc = gc_call(d, json!([{"containerID": "bad-gcw", "ifname": "eth0"}]));
+    wait_until(SETTLE, "the plugins' GC to wait for the hung ADD", || {
+        d.log_text()
+            .contains("the plugins' GC waits for the CNI calls in progress")
+    });
+
+    node.good_pods_are_served();
+    assert!(
+        !node.e.dir.join("gc.0").exists(),
+        "GC ran beside the hung ADD"
+    );
+
+    node.release();
+    ok(d, &add.finish());
+    let run = shim::finish(gc);
+    assert_eq!(run.code, Some(0), "{run:?}\n{}", d.log_text());
+    let sent: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(node.e.dir.join("gc.0")).unwrap()).unwrap();
+    assert_eq!(
+        sent["cni.dev/valid-attachments"],
+        json!([{"containerID": "bad-gcw", "ifname": "eth0"}]),
+        "{sent}"
+    );
+    ok(d, &cni(d, "DEL", "bad-gcw", &ns, "eth0"));
     node.assert_clean();
 }
 

@@ -7,8 +7,8 @@ use serde_json::Value;
 
 use super::chain::stdin_object;
 use super::lock::Loaded;
-use super::{blocking, Engine, Error};
-use crate::api::Command;
+use super::{blocking, Engine, Error, ErrorKind};
+use crate::api::{code, Command};
 use crate::cni::exec::{CallEnv, Plugin};
 use crate::cni::state::Attachment;
 use crate::netconf::{at_least, Invocation, NetworkList};
@@ -120,6 +120,28 @@ impl Engine {
         errors
     }
 
+    /// This daemon's GC lock, exclusively, once no operation holds a share
+    /// of it, without keeping new operations from taking one meanwhile;
+    /// `None` if that moment did not come within `pluginTimeout`.
+    async fn gc_exclusive(&self) -> Option<tokio::sync::RwLockWriteGuard<'_, ()>> {
+        let deadline = tokio::time::Instant::now() + self.config.plugin_timeout;
+        let mut waited = false;
+        loop {
+            // Registered before the try, so a release in between wakes it.
+            let released = self.gc_released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if let Ok(g) = self.gc_lock.try_write() {
+                return Some(g);
+            }
+            if !waited {
+                tracing::debug!("GC: the plugins' GC waits for the CNI calls in progress");
+                waited = true;
+            }
+            tokio::time::timeout_at(deadline, released).await.ok()?;
+        }
+    }
+
     /// The last phase of GC: sends GC to every plugin of `lists` that
     /// speaks 1.1.0, with every recorded attachment but the `failed` stale
     /// ones as the valid attachments, and every attachment in multus's
@@ -165,7 +187,25 @@ impl Engine {
         // stateDir) shared from before it records its attachment until its
         // plugins are done; holding both exclusively, no ADD runs, and each
         // one that ran is in the records read below.
-        let _gc = self.gc_lock.write().await;
+        //
+        // Taken without queueing for it: a queued writer makes every new
+        // operation wait behind it, so an ADD whose plugin hangs would
+        // hold up every pod of the node until `pluginTimeout`. GC waits
+        // for a moment when no operation runs instead, at most
+        // `pluginTimeout` (by which any plugin running now has ended);
+        // past it, the plugins' GC is left to the runtime's next one.
+        let Some(_gc) = self.gc_exclusive().await else {
+            errors.push(Error::new(
+                ErrorKind::Failed,
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "GC: the plugins' GC did not run: CNI calls kept running for {} (it needs a \
+                     moment without any); the next GC runs it",
+                    crate::duration::format(self.config.plugin_timeout)
+                ),
+            ));
+            return errors;
+        };
         let locks = self.locks.clone();
         let _gc_file = match blocking(move || locks.gc_exclusive()).await {
             Ok(Ok(h)) => h,

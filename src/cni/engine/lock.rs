@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedMutexGuard, RwLockReadGuard};
+use tokio::sync::{Notify, OwnedMutexGuard, RwLockReadGuard};
 
 use super::chain::recorded_types;
 use super::multus::Multus;
@@ -34,7 +34,33 @@ pub(super) struct OpLock<'a> {
     pub(super) container: ContainerLock<'a>,
     /// `locks/.gc.lock`, shared: another daemon's plugin GC waits for us.
     pub(super) gc_file: Held,
-    pub(super) gc: RwLockReadGuard<'a, ()>,
+    pub(super) gc: GcShared<'a>,
+}
+
+/// An operation's share of this daemon's GC lock. GC's plugin phase waits
+/// until it can take the lock exclusively without queueing for it (a
+/// queued writer would make every new operation wait behind it, and so
+/// behind a hung ADD): each share that goes wakes it to try again.
+pub(super) struct GcShared<'a> {
+    guard: Option<RwLockReadGuard<'a, ()>>,
+    released: &'a Notify,
+}
+
+impl<'a> GcShared<'a> {
+    pub(super) fn new(guard: RwLockReadGuard<'a, ()>, released: &'a Notify) -> Self {
+        Self {
+            guard: Some(guard),
+            released,
+        }
+    }
+}
+
+impl Drop for GcShared<'_> {
+    fn drop(&mut self) {
+        // Released before the wake-up, so the woken GC can take it.
+        drop(self.guard.take());
+        self.released.notify_waiters();
+    }
 }
 
 /// A container's record as an operation sees it.
@@ -222,7 +248,7 @@ impl Engine {
         plugins: Vec<String>,
         for_del: bool,
     ) -> Result<(OpLock<'_>, Loaded), Error> {
-        let gc = self.gc_lock.read().await;
+        let gc = GcShared::new(self.gc_lock.read().await, &self.gc_released);
         let container = self.lock_container(id).await;
         let locks = self.locks.clone();
         let markers = self.markers.clone();

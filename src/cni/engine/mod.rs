@@ -222,6 +222,8 @@ pub struct Engine {
     /// Every operation on a container takes it shared; only the plugins'
     /// GC phase takes it exclusively (see [`Engine::gc`]).
     gc_lock: RwLock<()>,
+    /// Woken each time an operation lets go of its share of `gc_lock`.
+    gc_released: tokio::sync::Notify,
     /// Containers with a pending cleanup, each with when its next retry
     /// is due (see [`Engine::retry_cleanups`]).
     cleanups: Mutex<BTreeMap<String, cleanup::Tracked>>,
@@ -325,6 +327,7 @@ impl Engine {
             config,
             containers: Mutex::new(HashMap::new()),
             gc_lock: RwLock::new(()),
+            gc_released: tokio::sync::Notify::new(),
             cleanups: Mutex::new(BTreeMap::new()),
             metrics: None,
         };

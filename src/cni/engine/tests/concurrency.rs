@@ -190,3 +190,42 @@ async fn an_add_should_wait_while_gc_holds_its_container() {
     assert_eq!(record.attachments.len(), 1);
     assert_eq!(record.attachments[0].ifname, "net1");
 }
+
+/// GC's plugin phase never queues for the lock, so new operations run
+/// while it waits; when no moment without operations comes within
+/// `pluginTimeout`, it gives up with code 11 and runs no plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_should_give_way_to_operations_and_give_up_after_the_plugin_timeout() {
+    let mut r = rig_with_plugin_timeout(Duration::from_millis(300));
+    let gate = Arc::new(Semaphore::new(0));
+    r.runner
+        .script("a", "ADD", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
+    let n = net("n", &["a"]);
+    let adding = {
+        let e = r.engine.clone();
+        let n = n.clone();
+        tokio::spawn(async move { add(&e, "c1", "eth0", vec![plan(n, "eth0", true)]).await })
+    };
+    assert_eq!(r.next_start().await.command, "ADD");
+    let gc = {
+        let e = r.engine.clone();
+        let lists = vec![n.clone()];
+        tokio::spawn(async move { e.gc(&valid(&[("c1", "eth0")]), &lists).await })
+    };
+    // Another container's DEL (nothing recorded: it runs no plugin) is
+    // not held up by the waiting GC.
+    timeout(EVENTUALLY, del(&r.engine, "c2", "eth0"))
+        .await
+        .expect("a DEL waited behind GC")
+        .unwrap();
+    let e = timeout(EVENTUALLY, gc)
+        .await
+        .expect("GC never gave up")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.code, crate::api::code::TRY_AGAIN_LATER, "{e:?}");
+    assert!(e.msg.contains("the plugins' GC did not run"), "{e:?}");
+    assert!(r.runner.runs("GC").is_empty(), "{:?}", r.runner.calls());
+    gate.add_permits(1);
+    adding.await.unwrap().unwrap();
+}

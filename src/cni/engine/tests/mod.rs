@@ -321,12 +321,16 @@ struct Rig {
 }
 
 fn rig() -> Rig {
+    rig_with_plugin_timeout(Duration::from_secs(5))
+}
+
+fn rig_with_plugin_timeout(plugin_timeout: Duration) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let config = Config {
         bin_dirs: Vec::new(),
         conf_dir: dir.path().join("conf"),
         state_dir: dir.path().to_path_buf(),
-        plugin_timeout: Duration::from_secs(5),
+        plugin_timeout,
         device_info_dir: dir.path().join("devinfo"),
         cni_dir: dir.path().join("multus"),
         cleanup: Default::default(),

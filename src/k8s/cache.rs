@@ -140,6 +140,10 @@ impl<V> Cache<V> {
         entries.sorted.len()
     }
 
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Entries<V>> {
+        self.entries.write().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The first `Some` that `f` gives of the values, in key order: a
     /// scan, for small caches looked up by something else than the key.
     pub fn find_map<R>(&self, f: impl FnMut(&V) -> Option<R>) -> Option<R> {
@@ -189,11 +193,7 @@ impl<K: Slim> Feeder<K> {
                 let mut listed = self.listing.take().unwrap_or_default();
                 finish(&mut listed);
                 let old = {
-                    let mut entries = self
-                        .cache
-                        .entries
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner());
+                    let mut entries = self.cache.write();
                     std::mem::replace(&mut *entries, listed)
                 };
                 // The old values go with their own texts: nothing to give
@@ -202,11 +202,7 @@ impl<K: Slim> Feeder<K> {
                 true
             }
             watcher::Event::Apply(object) => {
-                let mut entries = self
-                    .cache
-                    .entries
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner());
+                let mut entries = self.cache.write();
                 let entries = &mut *entries;
                 let (namespace, name) = object.key();
                 match entries.find(namespace, name) {
@@ -224,11 +220,7 @@ impl<K: Slim> Feeder<K> {
                 false
             }
             watcher::Event::Delete(object) => {
-                let mut entries = self
-                    .cache
-                    .entries
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner());
+                let mut entries = self.cache.write();
                 let entries = &mut *entries;
                 let (namespace, name) = object.key();
                 if let Ok(i) = entries.find(namespace, name) {

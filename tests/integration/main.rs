@@ -50,6 +50,8 @@ mod multus_records;
 mod multus_show;
 mod multus_socket;
 mod packaging;
+mod packaging_docs;
+mod packaging_scripts;
 mod plugin_runner;
 mod properties;
 mod readiness_file;

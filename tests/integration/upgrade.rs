@@ -10,7 +10,7 @@
 //! dependencies are met) but writes only to the overlay; the host's
 //! database never lists plexus. The maintainer scripts' `systemctl`,
 //! `deb-systemd-helper` and `deb-systemd-invoke` go to the private manager
-//! (the wrappers of [`crate::packaging::write_tools`]). The manager loads
+//! (the wrappers of [`crate::packaging_scripts::write_tools`]). The manager loads
 //! the installed units through links to `/lib/systemd/system` plus
 //! drop-ins that only move the socket into the work dir and the output
 //! into a log file: the ExecStart is the package's own `/usr/bin/plexusd`
@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::packaging::{packages, write_tools};
+use crate::packaging::packages;
+use crate::packaging_scripts::write_tools;
 use crate::support::netns::Netns;
 use crate::support::systemd::{skip_reason, Manager};
 

@@ -39,20 +39,9 @@ impl AddPending {
 }
 
 impl Engine {
-    /// ADD: attaches `planned` networks to the container; returns the
-    /// primary network's result.
-    pub async fn add(
-        &self,
-        inv: &Invocation,
-        cap_args: Map<String, Value>,
-        planned: Vec<Planned>,
-    ) -> Result<Value, Error> {
-        let added = self.add_networks(inv, cap_args, planned).await?;
-        Ok(AddedNetwork::primary(&added)?.result.clone())
-    }
-
-    /// [`Engine::add`], answering every network's result (for a status
-    /// report of all of them), in order.
+    /// ADD: attaches `planned` networks to the container; answers every
+    /// network's result, in order ([`AddedNetwork::primary`] is the one the
+    /// runtime gets).
     pub async fn add_networks(
         &self,
         inv: &Invocation,

@@ -83,25 +83,37 @@ async fn calls_for_different_containers_should_run_at_once() {
     assert!(r.store.get("c1").is_some() && r.store.get("c2").is_some());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_should_wait_for_an_add_in_flight_and_keep_it() {
-    let mut r = rig();
+/// An ADD of container `c1` on network `n` (plugin `a`) whose plugin
+/// waits for the returned gate, started and running.
+async fn add_in_flight(
+    r: &mut Rig,
+) -> (
+    Arc<Semaphore>,
+    NetworkList,
+    tokio::task::JoinHandle<Result<Value, Error>>,
+) {
     let gate = Arc::new(Semaphore::new(0));
     r.runner
         .script("a", "ADD", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
     let n = net("n", &["a"]);
-    let adding = {
-        let e = r.engine.clone();
-        let n = n.clone();
-        tokio::spawn(async move { add(&e, "c1", "eth0", vec![plan(n, "eth0", true)]).await })
-    };
+    let adding = spawn_add(&r.engine, "c1", "eth0", n.clone());
     assert_eq!(r.next_start().await.command, "ADD");
+    (gate, n, adding)
+}
+
+/// GC of network `n` with `c1`'s eth0 valid, in a task of its own.
+fn spawn_gc(r: &Rig, n: &NetworkList) -> tokio::task::JoinHandle<Result<(), Error>> {
+    let e = r.engine.clone();
+    let lists = vec![n.clone()];
+    tokio::spawn(async move { e.gc(&valid(&[("c1", "eth0")]), &lists).await })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_should_wait_for_an_add_in_flight_and_keep_it() {
+    let mut r = rig();
+    let (gate, n, adding) = add_in_flight(&mut r).await;
     // The runtime already counts the attachment being added as valid.
-    let gc = {
-        let e = r.engine.clone();
-        let lists = vec![n.clone()];
-        tokio::spawn(async move { e.gc(&valid(&[("c1", "eth0")]), &lists).await })
-    };
+    let gc = spawn_gc(&r, &n);
     r.no_start("GC ran a plugin while an ADD was in flight")
         .await;
     assert!(
@@ -197,21 +209,8 @@ async fn an_add_should_wait_while_gc_holds_its_container() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_should_give_way_to_operations_and_give_up_after_the_plugin_timeout() {
     let mut r = rig_with_plugin_timeout(Duration::from_millis(300));
-    let gate = Arc::new(Semaphore::new(0));
-    r.runner
-        .script("a", "ADD", Act::Wait(gate.clone(), Box::new(Act::Succeed)));
-    let n = net("n", &["a"]);
-    let adding = {
-        let e = r.engine.clone();
-        let n = n.clone();
-        tokio::spawn(async move { add(&e, "c1", "eth0", vec![plan(n, "eth0", true)]).await })
-    };
-    assert_eq!(r.next_start().await.command, "ADD");
-    let gc = {
-        let e = r.engine.clone();
-        let lists = vec![n.clone()];
-        tokio::spawn(async move { e.gc(&valid(&[("c1", "eth0")]), &lists).await })
-    };
+    let (gate, n, adding) = add_in_flight(&mut r).await;
+    let gc = spawn_gc(&r, &n);
     // Another container's DEL (nothing recorded: it runs no plugin) is
     // not held up by the waiting GC.
     timeout(EVENTUALLY, del(&r.engine, "c2", "eth0"))

@@ -397,9 +397,10 @@ async fn add(
     ifname: &str,
     planned: Vec<Planned>,
 ) -> Result<Value, Error> {
-    engine
-        .add(&call(Command::Add, id, ifname), Map::new(), planned)
-        .await
+    let added = engine
+        .add_networks(&call(Command::Add, id, ifname), Map::new(), planned)
+        .await?;
+    Ok(AddedNetwork::primary(&added)?.result.clone())
 }
 
 /// [`add`] of one primary network in a task of its own.

@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(containernetworking-plugins iproute2 systemd util-linux procps curl jq lintian rpm containerd runc gcc libc6-dev)
+packages=(containernetworking-plugins iproute2 iptables dnsmasq-base systemd util-linux procps curl jq lintian rpm containerd runc gcc libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

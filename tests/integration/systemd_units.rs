@@ -20,17 +20,17 @@ use crate::support::systemd::{
     SERVICE_UNIT as SERVICE, SOCKET_UNIT as SOCKET,
 };
 
-const STATE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const STATE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A manager with the plexus units installed and `config` (merged over the
 /// default `socketDir`/`logLevel`) as daemon-config.json.
-struct Plexus {
-    m: Manager,
-    sock: PathBuf,
+pub(crate) struct Plexus {
+    pub(crate) m: Manager,
+    pub(crate) sock: PathBuf,
 }
 
 impl Plexus {
-    fn start(config: serde_json::Value) -> Option<Plexus> {
+    pub(crate) fn start(config: serde_json::Value) -> Option<Plexus> {
         let m = Manager::start()?;
         let work = m.work_dir().to_path_buf();
         let mut cfg = serde_json::json!({
@@ -55,12 +55,12 @@ impl Plexus {
         })
     }
 
-    fn get(&self, path: &str) -> io::Result<Response> {
+    pub(crate) fn get(&self, path: &str) -> io::Result<Response> {
         http::request(&self.sock, "GET", path, b"")
     }
 
     /// `GET path`, which must answer 200.
-    fn get_ok(&self, path: &str) -> Response {
+    pub(crate) fn get_ok(&self, path: &str) -> Response {
         match self.get(path) {
             Ok(r) if r.status == 200 => r,
             other => panic!("GET {path}: {other:?}\n{}", self.m.describe_failure()),
@@ -71,7 +71,7 @@ impl Plexus {
     /// `bin_dir`, with the records in the unit's StateDirectory= (under the
     /// user manager: XDG_STATE_HOME), and starts the socket. Returns the
     /// attachment records' directory.
-    fn serve_network(&self, conflist: serde_json::Value, bin_dir: &Path) -> PathBuf {
+    pub(crate) fn serve_network(&self, conflist: serde_json::Value, bin_dir: &Path) -> PathBuf {
         let work = self.m.work_dir();
         let conf = work.join("net.d");
         std::fs::create_dir_all(&conf).unwrap();
@@ -90,7 +90,12 @@ impl Plexus {
 
     /// The environment and stdin of a plexus-shim call `cmd` for container
     /// `id` in the network namespace at `netns`, as `eth0`.
-    fn shim_call(&self, cmd: &str, id: &str, netns: &str) -> (Vec<(String, String)>, Vec<u8>) {
+    pub(crate) fn shim_call(
+        &self,
+        cmd: &str,
+        id: &str,
+        netns: &str,
+    ) -> (Vec<(String, String)>, Vec<u8>) {
         let env = [
             ("CNI_COMMAND", cmd),
             ("CNI_CONTAINERID", id),
@@ -109,11 +114,11 @@ impl Plexus {
         (env, stdin.to_string().into_bytes())
     }
 
-    fn main_pid(&self) -> u32 {
+    pub(crate) fn main_pid(&self) -> u32 {
         self.m.show(SERVICE, "MainPID").parse().unwrap()
     }
 
-    fn wait_active(&self) -> u32 {
+    pub(crate) fn wait_active(&self) -> u32 {
         self.m
             .wait_property(SERVICE, "ActiveState", "active", STATE_TIMEOUT);
         let pid = self.main_pid();

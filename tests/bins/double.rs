@@ -1,0 +1,2 @@
+//! Doubles of third-party CNI plugins (placeholder).
+fn main() {}

@@ -1,0 +1,2 @@
+//! A CNI plugin that records the environment it runs in (placeholder).
+fn main() {}

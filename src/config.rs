@@ -52,6 +52,7 @@ const KNOWN_KEYS: &[&str] = &[
     "cniDir",
     "stateDir",
     "pluginTimeout",
+    "pluginSpawner",
     "delErrorsReported",
     "cleanupRetryInterval",
     "cleanupGiveUpAfter",
@@ -291,6 +292,7 @@ impl Config {
         let bin_dirs = f
             .search_path("binDir")
             .unwrap_or_else(|| cni::DEFAULT_BIN_DIRS.iter().map(PathBuf::from).collect());
+        let plugin_spawner = f.path("pluginSpawner");
         let cleanup = {
             let d = cni::CleanupPolicy::default();
             cni::CleanupPolicy {
@@ -459,6 +461,7 @@ impl Config {
                 device_info_dir: device_info_dir.clone(),
                 cni_dir,
                 cleanup,
+                plugin_spawner,
             },
             selection,
             readiness_file: readiness_path.map(|path| readiness_file::Config {

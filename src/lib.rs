@@ -105,4 +105,5 @@ pub mod result;
 pub mod selection;
 pub mod server;
 pub mod shim;
+pub mod spawner;
 pub mod trust;

@@ -59,6 +59,7 @@ mod records;
 mod resource_bounds;
 mod shim;
 mod shim_wire;
+mod spawner;
 mod start_order;
 mod systemd_units;
 mod upgrade;

@@ -35,6 +35,7 @@ fn engine_config(state: &Path) -> Config {
         device_info_dir: state.join("devinfo"),
         cni_dir: state.join("multus"),
         cleanup: Default::default(),
+        plugin_spawner: None,
     }
 }
 

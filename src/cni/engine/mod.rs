@@ -104,6 +104,9 @@ pub struct Config {
     pub cni_dir: PathBuf,
     /// What happens to an attachment whose DEL fails.
     pub cleanup: CleanupPolicy,
+    /// The plugin spawner's socket (`pluginSpawner`): plugins are started
+    /// there, outside plexusd's sandbox; `None` starts them here.
+    pub plugin_spawner: Option<PathBuf>,
 }
 
 /// What happens to an attachment whose DEL fails (docs/records.md,
@@ -143,6 +146,7 @@ impl Default for Config {
             device_info_dir: PathBuf::from(crate::device_info::DEFAULT_DIR),
             cni_dir: PathBuf::from(multus_cache::DEFAULT_CNI_DIR),
             cleanup: CleanupPolicy::default(),
+            plugin_spawner: None,
         }
     }
 }
@@ -276,6 +280,7 @@ impl Engine {
             config.plugin_timeout,
             metrics.clone(),
         )
+        .with_spawner(config.plugin_spawner.clone())
         .with_journal(markers.clone());
         let mut engine = Self::assemble(
             config,

@@ -27,6 +27,7 @@
 mod error;
 mod group;
 mod process;
+mod remote;
 mod runner;
 #[cfg(test)]
 mod tests;

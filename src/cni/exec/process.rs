@@ -8,7 +8,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 
 use super::error::io_error;
+use super::remote::Remote;
 use super::{start_time, Error, Gate, Group, Journal, Plugin, PluginError};
 
 /// Most a plugin may print on stdout; results are a few KiB.
@@ -59,7 +60,7 @@ pub async fn run_command(
         .stderr(Stdio::piped())
         .process_group(0);
     let plugin = Plugin::unlocated(name, PathBuf::from(cmd.get_program()));
-    let (process, _) = Process::start(cmd, &plugin, None, None).await?;
+    let (process, _) = Process::start(cmd, &plugin, None, None, None).await?;
     let ended = process.run(Vec::new(), timeout).await;
     Ok(Finished {
         timed_out: ended.timed_out,
@@ -71,7 +72,7 @@ pub async fn run_command(
 /// A spawned plugin and its pipes. Dropped at any point, its [`Reaper`]
 /// kills and reaps it.
 pub(super) struct Process {
-    child: Child,
+    pid: u32,
     reaper: Reaper,
     stdin: pipe::Sender,
     output: Output,
@@ -80,30 +81,24 @@ pub(super) struct Process {
 impl Process {
     /// Spawns `cmd` (see [`spawn`], which also does `work`) and takes its
     /// pipes; with the outcome of `work`, when there was one.
+    /// With `spawner`, the plugin spawner at that socket starts it.
     pub(super) async fn start(
         cmd: std::process::Command,
         plugin: &Plugin,
         journal: Option<(Arc<dyn Journal>, String)>,
         work: Option<Gate>,
+        spawner: Option<Arc<Path>>,
     ) -> Result<(Self, Option<Result<(), String>>), Error> {
-        let ((mut child, reaper), worked) = spawn(cmd, plugin, journal, work).await?;
-        let stdin = take_pipe(
-            child.stdin.take().map(OwnedFd::from),
-            pipe::Sender::from_owned_fd,
-        )
-        .map_err(io_error(plugin, "stdin"))?;
-        let stdout = take_pipe(
-            child.stdout.take().map(OwnedFd::from),
-            pipe::Receiver::from_owned_fd,
-        )
-        .map_err(io_error(plugin, "stdout"))?;
-        let stderr = take_pipe(
-            child.stderr.take().map(OwnedFd::from),
-            pipe::Receiver::from_owned_fd,
-        )
-        .map_err(io_error(plugin, "stderr"))?;
+        let ((pipes, reaper), worked) = spawn(cmd, plugin, journal, work, spawner).await?;
+        let [stdin, stdout, stderr] = pipes;
+        let stdin =
+            take_pipe(stdin, pipe::Sender::from_owned_fd).map_err(io_error(plugin, "stdin"))?;
+        let stdout =
+            take_pipe(stdout, pipe::Receiver::from_owned_fd).map_err(io_error(plugin, "stdout"))?;
+        let stderr =
+            take_pipe(stderr, pipe::Receiver::from_owned_fd).map_err(io_error(plugin, "stderr"))?;
         let process = Self {
-            child,
+            pid: reaper.pid(),
             reaper,
             stdin,
             output: Output::new(stdout, stderr),
@@ -115,16 +110,15 @@ impl Process {
     /// it.
     pub(super) async fn stop(self) {
         let Process {
-            mut child,
+            pid,
             mut reaper,
             stdin,
             output,
         } = self;
         drop(stdin);
-        let pid = child.id();
         kill_group(pid);
-        wait_exit(pid).await;
-        let _ = reaper.reap(&mut child);
+        reaper.exited().await;
+        let _ = reaper.reap().await;
         drop(output.close());
         reaper.finish();
     }
@@ -138,17 +132,16 @@ impl Process {
     /// this returns (or is dropped) nothing of the call is left running.
     pub(super) async fn run(self, input: Vec<u8>, timeout: Duration) -> Ended {
         let Process {
-            mut child,
+            pid,
             mut reaper,
             stdin,
             mut output,
         } = self;
-        let pid = child.id();
-        let timed_out = until_exit(pid, Feed::new(stdin, input), &mut output, timeout).await;
+        let timed_out = until_exit(&reaper, Feed::new(stdin, input), &mut output, timeout).await;
         // The plugin is a zombie now, holding its group id: kill whatever
         // it left running in the group, then reap it.
         kill_group(pid);
-        let status = reaper.reap(&mut child);
+        let status = reaper.reap().await;
         // What the plugin printed is in the pipes: read it. Only a process
         // that left the group can keep them open past the grace; it is
         // neither waited for nor killed.
@@ -168,8 +161,14 @@ impl Process {
 /// Feeds the plugin's stdin and reads its output until it exits; when
 /// `timeout` passes first, kills its group and waits for the exit. Whether
 /// it timed out.
-async fn until_exit(pid: u32, mut feed: Feed, output: &mut Output, timeout: Duration) -> bool {
-    let exited = wait_exit(pid);
+async fn until_exit(
+    reaper: &Reaper,
+    mut feed: Feed,
+    output: &mut Output,
+    timeout: Duration,
+) -> bool {
+    let pid = reaper.pid();
+    let exited = reaper.exited();
     tokio::pin!(exited);
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
@@ -323,15 +322,31 @@ async fn spawn(
     plugin: &Plugin,
     journal: Option<(Arc<dyn Journal>, String)>,
     mut work: Option<Gate>,
-) -> Result<((Child, Reaper), Option<Result<(), String>>), Error> {
+    spawner: Option<Arc<Path>>,
+) -> Result<(([Option<OwnedFd>; 3], Reaper), Option<Result<(), String>>), Error> {
     let mut tries = 0;
     let mut worked = None;
     loop {
         let journal = journal.clone();
         let work = work.take();
+        let spawner = spawner.clone();
         let (back, res, done) = tokio::task::spawn_blocking(move || {
-            let r = match cmd.spawn() {
-                Ok(child) => start(child, journal),
+            let spawned = match &spawner {
+                Some(socket) => Remote::spawn(socket, &cmd).map(|(remote, p)| {
+                    let pipes = [Some(p.stdin), Some(p.stdout), Some(p.stderr)];
+                    (pipes, Handle::Remote(remote))
+                }),
+                None => cmd.spawn().map(|mut child| {
+                    let pipes = [
+                        child.stdin.take().map(OwnedFd::from),
+                        child.stdout.take().map(OwnedFd::from),
+                        child.stderr.take().map(OwnedFd::from),
+                    ];
+                    (pipes, Handle::Local(child))
+                }),
+            };
+            let r = match spawned {
+                Ok((pipes, handle)) => start(handle, journal).map(|reaper| (pipes, reaper)),
                 Err(e) => Err(SpawnFailure::Exec(e)),
             };
             let done = work.map(|w| w());
@@ -378,12 +393,12 @@ async fn spawn(
 /// the plugin is killed and reaped before it has read anything (its stdin
 /// was not written).
 fn start(
-    mut child: Child,
+    handle: Handle,
     journal: Option<(Arc<dyn Journal>, String)>,
-) -> Result<(Child, Reaper), SpawnFailure> {
-    let pid = child.id();
+) -> Result<Reaper, SpawnFailure> {
+    let pid = handle.id();
     let Some((journal, container_id)) = journal else {
-        return Ok((child, Reaper::new(pid, None)));
+        return Ok(Reaper::new(handle, None));
     };
     let noted = i32::try_from(pid)
         .ok()
@@ -407,12 +422,12 @@ fn start(
                 container_id,
                 group,
             };
-            Ok((child, Reaper::new(pid, Some(note))))
+            Ok(Reaper::new(handle, Some(note)))
         }
         Err(e) => {
             kill_group(pid);
             // We are on the blocking pool; the plugin is dead or dying.
-            let _ = child.wait();
+            handle.reap_blocking();
             Err(SpawnFailure::Journal(e))
         }
     }
@@ -531,20 +546,31 @@ impl Capture {
 /// without pidfd_open(2), with waitid(WNOWAIT) on the blocking pool.
 async fn wait_exit(pid: u32) {
     if let Some(fd) = pidfd_open(pid) {
-        // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open
-        // and the same for the AsyncFd's whole life.
-        let registered = unsafe {
-            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-        };
-        if let Ok(fd) = registered {
-            // Readable means exited; an error means the fd cannot tell, so
-            // fall through to waitid.
-            if fd.readable().await.is_ok() {
-                return;
-            }
+        if wait_pidfd_ok(fd).await {
+            return;
         }
     }
     let _ = tokio::task::spawn_blocking(move || wait_exit_nowait(pid)).await;
+}
+
+/// Waits until the process of pidfd `fd` has exited (or the fd cannot
+/// tell).
+async fn wait_pidfd(fd: OwnedFd) {
+    let _ = wait_pidfd_ok(fd).await;
+}
+
+/// [`wait_pidfd`]: false when the fd could not tell.
+async fn wait_pidfd_ok(fd: OwnedFd) -> bool {
+    // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open
+    // and the same for the AsyncFd's whole life.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    };
+    match registered {
+        // Readable means exited.
+        Ok(fd) => fd.readable().await.is_ok(),
+        Err(_) => false,
+    }
 }
 
 /// A pidfd of `pid` (readable once it exits); `None` where the kernel
@@ -604,38 +630,90 @@ impl Note {
     }
 }
 
+/// A started plugin: a child of plexusd, or of the plugin spawner.
+enum Handle {
+    Local(Child),
+    Remote(Remote),
+}
+
+impl Handle {
+    fn id(&self) -> u32 {
+        match self {
+            Handle::Local(child) => child.id(),
+            Handle::Remote(remote) => remote.id(),
+        }
+    }
+
+    /// Blocking: kills nothing, waits for the (killed) plugin and reaps it;
+    /// a remote one is reaped by the spawner once its connection closes.
+    fn reap_blocking(self) {
+        match self {
+            Handle::Local(mut child) => {
+                let _ = child.wait();
+            }
+            Handle::Remote(remote) => drop(remote),
+        }
+    }
+}
+
 /// Makes sure a plugin is killed and reaped, and its journal entry closed,
 /// even when the call is dropped half-way (its future cancelled).
 struct Reaper {
-    pid: Option<u32>,
+    pid: u32,
+    handle: Option<Handle>,
     note: Option<Note>,
 }
 
 impl Reaper {
-    fn new(pid: u32, note: Option<Note>) -> Self {
+    fn new(handle: Handle, note: Option<Note>) -> Self {
         Self {
-            pid: Some(pid),
+            pid: handle.id(),
+            handle: Some(handle),
             note,
         }
     }
 
-    /// Reaps the exited child without blocking; `None` if it cannot.
-    fn reap(&mut self, child: &mut Child) -> Option<std::process::ExitStatus> {
-        match child.try_wait() {
-            Ok(Some(s)) => {
-                self.pid = None;
-                Some(s)
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Waits until the plugin has exited, without reaping it.
+    async fn exited(&self) {
+        match &self.handle {
+            Some(Handle::Local(_)) => wait_exit(self.pid).await,
+            Some(Handle::Remote(remote)) => {
+                // Without a pidfd there is nothing to wait on: the caller
+                // kills the group next.
+                if let Ok(fd) = remote.pidfd() {
+                    wait_pidfd(fd).await;
+                }
             }
-            // Not expected once the exit was seen; never wait here (this
-            // runs on the async runtime): Drop kills and reaps it on the
-            // blocking pool instead.
-            _ => None,
+            None => {}
+        }
+    }
+
+    /// Reaps the exited plugin; `None` if it cannot. Never blocks: a local
+    /// child is reaped with try_wait, a remote one by the spawner, which
+    /// answers at once.
+    async fn reap(&mut self) -> Option<std::process::ExitStatus> {
+        match self.handle.take()? {
+            Handle::Local(mut child) => match child.try_wait() {
+                Ok(Some(s)) => Some(s),
+                // Not expected once the exit was seen; never wait here (this
+                // runs on the async runtime): Drop kills and reaps it on the
+                // blocking pool instead.
+                _ => {
+                    self.handle = Some(Handle::Local(child));
+                    None
+                }
+            },
+            Handle::Remote(remote) => remote.reap().await.ok(),
         }
     }
 
     /// Closes the journal entry of a reaped plugin.
     fn finish(mut self) {
-        if self.pid.is_none() {
+        if self.handle.is_none() {
             if let Some(note) = self.note.take() {
                 note.finished();
             }
@@ -646,19 +724,17 @@ impl Reaper {
 
 impl Drop for Reaper {
     fn drop(&mut self) {
-        let pid = self.pid.take();
+        let handle = self.handle.take();
         let note = self.note.take();
-        if pid.is_none() && note.is_none() {
+        if handle.is_none() && note.is_none() {
             return;
         }
-        if let Some(pid) = pid {
-            kill_group(pid);
+        if handle.is_some() {
+            kill_group(self.pid);
         }
         let reap = move || {
-            if let Some(pid) = pid {
-                let mut status = 0;
-                // SAFETY: waitpid(2) on our own child, valid pointer.
-                unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+            if let Some(handle) = handle {
+                handle.reap_blocking();
             }
             if let Some(note) = note {
                 note.finished();

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -97,6 +97,8 @@ pub struct Runner {
     versions: Mutex<HashMap<PathBuf, (Stamp, VersionCell)>>,
     metrics: Option<Arc<Metrics>>,
     journal: Option<Arc<dyn Journal>>,
+    /// The plugin spawner's socket, when plugins are started there.
+    spawner: Option<Arc<Path>>,
 }
 
 impl Runner {
@@ -120,7 +122,16 @@ impl Runner {
             versions: Mutex::new(HashMap::new()),
             metrics,
             journal: None,
+            spawner: None,
         }
+    }
+
+    /// Has the plugin spawner listening at `socket` start every plugin
+    /// (see [`crate::spawner`]), so that plugins run outside plexusd's
+    /// sandbox; `None` starts them here.
+    pub fn with_spawner(mut self, socket: Option<PathBuf>) -> Self {
+        self.spawner = socket.map(Arc::from);
+        self
     }
 
     /// Notes every plugin run that has a container id in `journal`.
@@ -316,7 +327,14 @@ impl Runner {
         timeout: Duration,
     ) -> Result<Vec<u8>, Error> {
         let cmd = self.command(plugin, env);
-        let (process, worked) = Process::start(cmd, plugin, self.journal_for(env), gate).await?;
+        let (process, worked) = Process::start(
+            cmd,
+            plugin,
+            self.journal_for(env),
+            gate,
+            self.spawner.clone(),
+        )
+        .await?;
         let why = worked.and_then(Result::err);
         if let Some(why) = why {
             process.stop().await;

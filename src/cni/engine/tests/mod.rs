@@ -334,6 +334,7 @@ fn rig_with_plugin_timeout(plugin_timeout: Duration) -> Rig {
         device_info_dir: dir.path().join("devinfo"),
         cni_dir: dir.path().join("multus"),
         cleanup: Default::default(),
+        plugin_spawner: None,
     };
     let (runner, started) = FakeRunner::new();
     let store = Arc::new(MemStore::default());

@@ -1,0 +1,173 @@
+//! A plugin started by the plugin spawner (`plexus-spawner`, see
+//! [`crate::spawner`]) instead of by plexusd itself: the client's side of
+//! the protocol. The plugin's lifecycle is the same as a local one's: its
+//! exit is seen on a pidfd, its group is killed by plexusd before it is
+//! reaped (the spawner keeps it unreaped until asked), and a run abandoned
+//! half-way closes the connection, on which the spawner kills and reaps it.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::ExitStatus;
+
+use nix::sys::socket::{self, SockFlag, SockType, UnixAddr};
+use std::os::unix::process::ExitStatusExt;
+
+use crate::spawner::{self, Reap, Reaped, Request, Started};
+
+/// How long the spawner may take to accept and answer a start (it answers
+/// in microseconds; a spawner that is being started by systemd, a few
+/// milliseconds).
+const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A plugin the spawner started, unreaped until [`Remote::reap`].
+#[derive(Debug)]
+pub(super) struct Remote {
+    conn: OwnedFd,
+    pid: u32,
+    pidfd: OwnedFd,
+}
+
+/// Plexusd's ends of a remote plugin's stdin, stdout and stderr.
+pub(super) struct Pipes {
+    pub(super) stdin: OwnedFd,
+    pub(super) stdout: OwnedFd,
+    pub(super) stderr: OwnedFd,
+}
+
+impl Remote {
+    /// Blocking: asks the spawner at `socket` to start `cmd` (its program,
+    /// the variables set on it, its directory; `PATH` comes from the
+    /// spawner's environment, as a runtime's plugins get the runtime's).
+    pub(super) fn spawn(socket: &Path, cmd: &std::process::Command) -> io::Result<(Self, Pipes)> {
+        let program = cmd
+            .get_program()
+            .to_str()
+            .ok_or_else(|| io::Error::other("the plugin's path is not UTF-8"))?
+            .to_string();
+        let env = cmd
+            .get_envs()
+            .filter(|(k, _)| *k != "PATH")
+            .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v?.to_str()?.to_string())))
+            .collect();
+        let dir = cmd
+            .get_current_dir()
+            .and_then(Path::to_str)
+            .unwrap_or("/")
+            .to_string();
+        let request = Request { program, env, dir };
+
+        let conn = connect(socket)?;
+        let (child_stdin, stdin) = pipe()?;
+        let (stdout, child_stdout) = pipe()?;
+        let (stderr, child_stderr) = pipe()?;
+        spawner::send(
+            conn.as_fd(),
+            &request,
+            &[
+                child_stdin.as_raw_fd(),
+                child_stdout.as_raw_fd(),
+                child_stderr.as_raw_fd(),
+            ],
+        )
+        .map_err(|e| unreachable_spawner(socket, &e))?;
+        drop((child_stdin, child_stdout, child_stderr));
+        let mut answer =
+            spawner::recv(conn.as_fd(), 1).map_err(|e| unreachable_spawner(socket, &e))?;
+        match answer.decode::<Started>()? {
+            Started::Pid(pid) => {
+                let pidfd = answer
+                    .fds
+                    .pop()
+                    .ok_or_else(|| io::Error::other("the spawner sent no pidfd"))?;
+                nix::fcntl::fcntl(
+                    &conn,
+                    nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+                )?;
+                let remote = Self { conn, pid, pidfd };
+                Ok((
+                    remote,
+                    Pipes {
+                        stdin,
+                        stdout,
+                        stderr,
+                    },
+                ))
+            }
+            Started::Failed { error, errno } => Err(match errno {
+                // Retried like a local exec's ETXTBSY.
+                Some(libc::ETXTBSY) => io::Error::from_raw_os_error(libc::ETXTBSY),
+                _ => io::Error::other(format!("the plugin spawner: {error}")),
+            }),
+        }
+    }
+
+    pub(super) fn id(&self) -> u32 {
+        self.pid
+    }
+
+    /// A pidfd of the plugin, readable once it exits.
+    pub(super) fn pidfd(&self) -> io::Result<OwnedFd> {
+        self.pidfd.try_clone()
+    }
+
+    /// Once the plugin has exited and its group was killed: has the
+    /// spawner reap it, and returns its status.
+    pub(super) async fn reap(self) -> io::Result<ExitStatus> {
+        spawner::send(self.conn.as_fd(), &Reap { reap: true }, &[])?;
+        // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays
+        // open and the same for the AsyncFd's whole life.
+        let conn = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(
+                self.conn,
+                tokio::io::Interest::READABLE,
+            )
+        }?;
+        let packet = loop {
+            let mut ready = conn.readable().await?;
+            match ready.try_io(|fd| spawner::recv(fd.as_fd(), 0)) {
+                Ok(result) => break result?,
+                Err(_would_block) => continue,
+            }
+        };
+        match packet.decode::<Reaped>()? {
+            Reaped::Status(raw) => Ok(ExitStatus::from_raw(raw)),
+            Reaped::Failed(why) => Err(io::Error::other(format!("the plugin spawner: {why}"))),
+        }
+    }
+}
+
+fn connect(socket: &Path) -> io::Result<OwnedFd> {
+    let fd = socket::socket(
+        socket::AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let timeout = nix::sys::time::TimeVal::new(START_TIMEOUT.as_secs() as _, 0);
+    socket::setsockopt(&fd, socket::sockopt::ReceiveTimeout, &timeout)?;
+    socket::setsockopt(&fd, socket::sockopt::SendTimeout, &timeout)?;
+    let addr = UnixAddr::new(socket)?;
+    loop {
+        match socket::connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => return Ok(fd),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(unreachable_spawner(socket, &e.into())),
+        }
+    }
+}
+
+fn unreachable_spawner(socket: &Path, e: &io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!(
+            "cannot reach the plugin spawner at {} ({e}): is plexus-plugins.socket running?",
+            socket.display()
+        ),
+    )
+}
+
+/// A close-on-exec pipe: (read end, write end).
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
+}

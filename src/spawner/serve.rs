@@ -1,0 +1,338 @@
+//! The spawner's side: accept connections, check who asks and for what,
+//! start the plugin, keep it unreaped until the client says so, and kill
+//! and reap whatever a closed connection leaves. Blocking code, a thread
+//! per connection (a plugin run is one connection; plexusd bounds how many
+//! run at once).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+
+use nix::sys::socket::{self, sockopt};
+
+use super::{inherited_env, recv, send, Reap, Reaped, Request, Started};
+
+/// Most connections (plugin runs) served at once; past it, accepting waits.
+pub const MAX_CONNECTIONS: usize = 4096;
+const THREAD_STACK: usize = 256 << 10;
+
+/// Where plugins may come from: the `binDir` directories, asked again for
+/// every request (the operator may change the configuration between
+/// plexusd's restarts without restarting the spawner).
+pub type BinDirs = Arc<dyn Fn() -> Result<Vec<PathBuf>, String> + Send + Sync>;
+
+/// Serves `listener` (a listening `SOCK_SEQPACKET` unix socket) until
+/// `stop` becomes readable (a byte or a close), then waits for the plugins
+/// of open connections to be reaped. The listener is only polled and
+/// accepted on, never shut down: systemd shares it and serves the next
+/// activation with it.
+pub fn serve(listener: OwnedFd, bin_dirs: BinDirs, stop: OwnedFd) -> io::Result<()> {
+    let active = Arc::new((Mutex::new(0usize), Condvar::new()));
+    loop {
+        wait_below(&active, MAX_CONNECTIONS);
+        if !wait_readable(listener.as_fd(), stop.as_fd())? {
+            break;
+        }
+        let conn = match socket::accept4(listener.as_raw_fd(), socket::SockFlag::SOCK_CLOEXEC) {
+            // SAFETY: accept4 just returned this descriptor; we own it.
+            Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+            Err(nix::errno::Errno::EINTR | nix::errno::Errno::ECONNABORTED) => continue,
+            Err(nix::errno::Errno::EMFILE | nix::errno::Errno::ENFILE) => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        {
+            let (count, _) = &*active;
+            *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        }
+        let dirs = bin_dirs.clone();
+        let done = active.clone();
+        let started = std::thread::Builder::new()
+            .name("plugin".into())
+            .stack_size(THREAD_STACK)
+            .spawn(move || {
+                let _leave = Leave(done);
+                if let Err(e) = connection(conn.as_fd(), &dirs) {
+                    eprintln!("plexus-spawner: {e}");
+                }
+            });
+        if let Err(e) = started {
+            eprintln!("plexus-spawner: cannot start a thread for a connection: {e}");
+            let (count, cv) = &*active;
+            *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+            cv.notify_all();
+        }
+    }
+    wait_below(&active, 1);
+    Ok(())
+}
+
+/// Waits until `listener` has a connection (true) or `stop` is readable
+/// (false).
+fn wait_readable(listener: BorrowedFd<'_>, stop: BorrowedFd<'_>) -> io::Result<bool> {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll(2) on two valid pollfd structs we own.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        if fds[0].revents != 0 {
+            return Ok(false);
+        }
+        if fds[1].revents & libc::POLLIN != 0 {
+            return Ok(true);
+        }
+        if fds[1].revents != 0 {
+            return Err(io::Error::other("the listening socket failed"));
+        }
+    }
+}
+
+/// Counts a connection's end, however its thread ends.
+struct Leave(Arc<(Mutex<usize>, Condvar)>);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        let (count, cv) = &*self.0;
+        let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(1);
+        cv.notify_all();
+    }
+}
+
+fn wait_below(active: &(Mutex<usize>, Condvar), limit: usize) {
+    let (count, cv) = active;
+    let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
+    while *n >= limit {
+        n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// One plugin run, from request to reap.
+fn connection(conn: BorrowedFd<'_>, bin_dirs: &BinDirs) -> io::Result<()> {
+    let peer = socket::getsockopt(&conn, sockopt::PeerCredentials)?;
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    let own = unsafe { libc::geteuid() };
+    if peer.uid() != own {
+        let why = format!(
+            "refused: the peer (pid {}) runs as uid {}, not {own}",
+            peer.pid(),
+            peer.uid()
+        );
+        let _ = send(conn, &failed(why.clone(), Some(libc::EPERM)), &[]);
+        return Err(io::Error::other(why));
+    }
+    let packet = recv(conn, 3)?;
+    if packet.bytes.is_empty() {
+        return Ok(());
+    }
+    let req: Request = match packet.decode() {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = send(conn, &failed(format!("bad request: {e}"), None), &[]);
+            return Err(e);
+        }
+    };
+    let Ok([stdin, stdout, stderr]) = <[OwnedFd; 3]>::try_from(packet.fds) else {
+        let why = "a request needs three descriptors (stdin, stdout, stderr)".to_string();
+        let _ = send(conn, &failed(why.clone(), None), &[]);
+        return Err(io::Error::other(why));
+    };
+    let program = match bin_dirs().and_then(|dirs| allowed(Path::new(&req.program), &dirs)) {
+        Ok(p) => p,
+        Err(why) => {
+            let _ = send(conn, &failed(why.clone(), Some(libc::EACCES)), &[]);
+            return Err(io::Error::other(why));
+        }
+    };
+    let mut cmd = Command::new(&program);
+    cmd.env_clear()
+        .envs(inherited_env())
+        .envs(req.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&req.dir)
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr))
+        .process_group(0);
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let why = format!("cannot start {}: {e}", program.display());
+            send(conn, &failed(why, e.raw_os_error()), &[])?;
+            return Ok(());
+        }
+    };
+    drop(cmd);
+    let pid = child.id();
+    let mut plugin = Unreaped(Some(pid));
+    // The child is unreaped: the pidfd names it and no other process.
+    let pidfd = pidfd_open(pid)?;
+    send(conn, &Started::Pid(pid), &[pidfd.as_raw_fd()])?;
+    drop(pidfd);
+    // Until the client says reap, or goes away.
+    let reap = recv(conn, 0)
+        .ok()
+        .and_then(|p| p.decode::<Reap>().ok())
+        .is_some_and(|r| r.reap);
+    let status = plugin.kill_and_reap();
+    if reap {
+        let answer = match status {
+            Ok(s) => Reaped::Status(s),
+            Err(e) => Reaped::Failed(e.to_string()),
+        };
+        send(conn, &answer, &[])?;
+    }
+    Ok(())
+}
+
+fn failed(error: String, errno: Option<i32>) -> Started {
+    Started::Failed { error, errno }
+}
+
+/// A started plugin: killed with its group and reaped when dropped.
+struct Unreaped(Option<u32>);
+
+impl Unreaped {
+    fn kill_and_reap(&mut self) -> io::Result<i32> {
+        let Some(pid) = self.0.take() else {
+            return Err(io::Error::other("already reaped"));
+        };
+        let pid = pid as libc::pid_t;
+        // SAFETY: kill(2) on the group our unreaped child leads: the id
+        // cannot have been reused while the child is unreaped.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+        let mut status = 0;
+        loop {
+            // SAFETY: waitpid(2) on our own child with a valid pointer.
+            let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+            if r == pid {
+                return Ok(status);
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        }
+    }
+}
+
+impl Drop for Unreaped {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            let _ = self.kill_and_reap();
+        }
+    }
+}
+
+fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `program` when it may be run: an absolute path whose file (after
+/// symbolic links) is a regular executable file directly in one of `dirs`
+/// (after theirs), and which, like the directory holding it, is owned by
+/// root (or the spawner's user) and writable by no one else.
+pub fn allowed(program: &Path, dirs: &[PathBuf]) -> Result<PathBuf, String> {
+    if !program.is_absolute() {
+        return Err(format!("{} is not an absolute path", program.display()));
+    }
+    let refuse = |why: &str| format!("refused to run {}: {why}", program.display());
+    let real = program.canonicalize().map_err(|e| refuse(&e.to_string()))?;
+    let parent = real.parent().ok_or_else(|| refuse("it has no directory"))?;
+    let in_bin_dir = dirs
+        .iter()
+        .filter_map(|d| d.canonicalize().ok())
+        .any(|d| d == parent);
+    if !in_bin_dir {
+        let list: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        return Err(refuse(&format!(
+            "it is not in a binDir directory ({})",
+            list.join(":")
+        )));
+    }
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    let own = unsafe { libc::geteuid() };
+    for (path, what) in [(real.as_path(), "the file"), (parent, "its directory")] {
+        let md = std::fs::metadata(path).map_err(|e| refuse(&e.to_string()))?;
+        if md.uid() != 0 && md.uid() != own {
+            return Err(refuse(&format!("{what} is owned by uid {}", md.uid())));
+        }
+        let sticky_dir = md.is_dir() && md.mode() & 0o1000 != 0;
+        if md.permissions().mode() & 0o022 != 0 && !sticky_dir {
+            return Err(refuse(&format!("{what} is writable by other users")));
+        }
+        if path == real && !md.is_file() {
+            return Err(refuse("it is not a regular file"));
+        }
+    }
+    Ok(real)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn only_programs_in_a_bin_dir_that_no_one_else_can_change_should_be_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let plugin = bin.join("bridge");
+        std::fs::write(&plugin, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dirs = vec![bin.clone()];
+        assert_eq!(
+            allowed(&plugin, &dirs).unwrap(),
+            plugin.canonicalize().unwrap()
+        );
+
+        // Elsewhere, relative, or through a link out of the directory.
+        let other = dir.path().join("other");
+        std::fs::write(&other, "#!/bin/sh\n").unwrap();
+        assert!(allowed(&other, &dirs)
+            .unwrap_err()
+            .contains("not in a binDir"));
+        assert!(allowed(Path::new("bridge"), &dirs).is_err());
+        let link = bin.join("sneaky");
+        std::os::unix::fs::symlink(&other, &link).unwrap();
+        assert!(allowed(&link, &dirs).is_err());
+        assert!(allowed(&bin.join("../other"), &dirs).is_err());
+
+        // Writable by others: the file, then the directory.
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(allowed(&plugin, &dirs).unwrap_err().contains("writable"));
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(allowed(&plugin, &dirs).unwrap_err().contains("writable"));
+    }
+}

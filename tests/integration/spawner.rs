@@ -1,0 +1,229 @@
+//! plexusd with `pluginSpawner`: the built plexus-spawner starts every
+//! plugin (Debian's bridge + host-local for real, and fakes for the
+//! process lifecycle), a plugin is the spawner's child and not plexusd's,
+//! and what the spawner refuses, it refuses with a reason.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::cni::{address, bridge, cni, conflist, failed, ok, processes_matching, Engine};
+use crate::support::daemon::{wait_until, Daemon};
+use crate::support::netns::{Link, Netns, Subnet};
+
+pub const SPAWNER: &str = env!("CARGO_BIN_EXE_plexus-spawner");
+const T: Duration = Duration::from_secs(10);
+
+/// A plexus-spawner bound at `<dir>/spawner.sock`, reading binDir from
+/// `config`; killed and reaped on drop.
+pub struct Spawner {
+    pub child: Child,
+    pub sock: PathBuf,
+}
+
+impl Spawner {
+    pub fn start(dir: &Path, config: &Path) -> Self {
+        let sock = dir.join("spawner.sock");
+        let child = Command::new(SPAWNER)
+            .arg("--config")
+            .arg(config)
+            .arg("--listen")
+            .arg(&sock)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_until(T, "the spawner's socket", || sock.exists());
+        Spawner { child, sock }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for Spawner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The parent pid of `pid`, from /proc.
+fn ppid(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// An engine whose daemon starts plugins through a spawner; the spawner
+/// reads the same configuration file, so binDir agrees.
+fn start(e: &Engine, net: &str, timeout: &str) -> (Spawner, Daemon) {
+    let config_path = e.dir.join("d.json");
+    let mut config = e.config(net, timeout);
+    let spawner_sock = e.dir.join("spawner.sock");
+    config["pluginSpawner"] = json!(spawner_sock);
+    // Written first for the spawner; Daemon::start writes it again, the same.
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let s = Spawner::start(&e.dir.path, &config_path);
+    let mut d = Daemon::start(&e.dir, "d", config);
+    d.ready();
+    (s, d)
+}
+
+#[test]
+fn real_plugins_should_run_as_children_of_the_spawner() {
+    let e = Engine::new("spawn-real");
+    let br = Link::planned("sp");
+    let subnet = Subnet::new();
+    let net = "spawned";
+    e.write_network(
+        "10-net.conflist",
+        &conflist(net, "1.0.0", vec![bridge(&br.name, e.host_local(&subnet))]),
+    );
+    let ns = Netns::new();
+    let (s, d) = start(&e, net, "10s");
+
+    let r = ok(&d, &cni(&d, "ADD", "sp-1", &ns, "eth0"));
+    let addr = address(&r);
+    assert!(subnet.holds(&addr), "{addr}");
+    let eth0 = ns.iface("eth0").expect("no eth0 in the namespace");
+    assert!(eth0.has_addr(&addr), "{eth0:?}");
+    ok(&d, &cni(&d, "CHECK", "sp-1", &ns, "eth0"));
+    ok(&d, &cni(&d, "DEL", "sp-1", &ns, "eth0"));
+    assert!(!ns.has_link("eth0"));
+    assert!(e.reservations(net).is_empty());
+    drop(s);
+}
+
+#[test]
+fn a_plugin_should_be_the_spawners_child_and_die_with_a_killed_daemon() {
+    let e = Engine::new("spawn-kill");
+    let started = e.dir.join("started");
+    let sleeper = format!("{}/sleepy-sleep", e.bin_dir.display());
+    e.fake(
+        "sleepy",
+        &format!(
+            "case \"$CNI_COMMAND\" in\n\
+             ADD) echo $$ > '{}'; exec -a '{sleeper}' sleep 1000 ;;\n\
+             *) echo '{{}}' ;;\nesac",
+            started.display()
+        ),
+    );
+    e.write_network(
+        "10-net.conflist",
+        &conflist("sleepy", "1.0.0", vec![json!({"type": "sleepy"})]),
+    );
+    let ns = Netns::new();
+    let (s, mut d) = start(&e, "sleepy", "60s");
+    let add = crate::support::cni::Call::new("ADD", "sp-kill", &ns, "eth0").spawn(&d);
+    wait_until(T, "the plugin to start", || started.exists());
+    let plugins = processes_matching(&sleeper);
+    assert_eq!(plugins.len(), 1, "{plugins:?}");
+    let (pid, _) = plugins[0];
+    assert_eq!(
+        ppid(pid),
+        Some(s.pid()),
+        "the plugin's parent is not the spawner"
+    );
+    assert_ne!(ppid(pid), Some(d.pid()));
+
+    // plexusd dies: its connection to the spawner closes, and the spawner
+    // kills the plugin's group and reaps it.
+    d.signal(libc::SIGKILL);
+    d.wait_exit(T);
+    wait_until(T, "the plugin to be killed", || {
+        processes_matching(&sleeper).is_empty()
+    });
+    let run = add.finish();
+    assert_ne!(run.code, Some(0), "{run:?}");
+    // No zombie left under the spawner.
+    assert!(crate::support::cni::children(s.pid()).is_empty());
+}
+
+#[test]
+fn a_hung_plugin_should_be_killed_at_the_deadline_through_the_spawner() {
+    let e = Engine::new("spawn-hang");
+    let sleeper = format!("{}/hang-sleep", e.bin_dir.display());
+    e.fake("hang", &format!("exec -a '{sleeper}' sleep 1000"));
+    e.write_network(
+        "10-net.conflist",
+        &conflist("hang", "1.0.0", vec![json!({"type": "hang"})]),
+    );
+    let ns = Netns::new();
+    let (s, d) = start(&e, "hang", "1s");
+    let run = cni(&d, "ADD", "sp-hang", &ns, "eth0");
+    let (_, msg, _) = failed(&d, &run);
+    assert!(msg.contains("hang"), "{msg}");
+    assert!(processes_matching(&sleeper).is_empty());
+    assert!(crate::support::cni::children(s.pid()).is_empty());
+}
+
+/// Asks the spawner directly, as plexusd would, to run `program`.
+fn ask(sock: &Path, program: &str) -> plexus::spawner::Started {
+    use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
+    let fd: OwnedFd = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    socket::connect(fd.as_raw_fd(), &UnixAddr::new(sock).unwrap()).unwrap();
+    let (r, w) = nix::unistd::pipe().unwrap();
+    let req = plexus::spawner::Request {
+        program: program.to_string(),
+        env: vec![("CNI_COMMAND".into(), "VERSION".into())],
+        dir: "/".into(),
+    };
+    plexus::spawner::send(
+        fd.as_fd(),
+        &req,
+        &[r.as_raw_fd(), w.as_raw_fd(), w.as_raw_fd()],
+    )
+    .unwrap();
+    let answer = plexus::spawner::recv(fd.as_fd(), 1).unwrap();
+    answer.decode().unwrap()
+}
+
+#[test]
+fn the_spawner_should_run_only_what_is_in_bin_dir() {
+    let e = Engine::new("spawn-refuse");
+    e.fake("fine", "echo '{}'");
+    e.write_network(
+        "10-net.conflist",
+        &conflist("fine", "1.0.0", vec![json!({"type": "fine"})]),
+    );
+    let (s, _d) = start(&e, "fine", "10s");
+    let outside = e.dir.join("outside");
+    std::fs::write(&outside, "#!/bin/sh\ntouch /tmp/never\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for program in [
+        outside.to_str().unwrap(),
+        "/bin/sh",
+        "fine",
+        "/usr/lib/cni/../../../bin/sh",
+    ] {
+        match ask(&s.sock, program) {
+            plexus::spawner::Started::Failed { error, .. } => {
+                assert!(
+                    error.contains("refused") || error.contains("absolute"),
+                    "{error}"
+                )
+            }
+            other => panic!("{program} was started: {other:?}"),
+        }
+    }
+    let fine = e.bin_dir.join("fine");
+    match ask(&s.sock, fine.to_str().unwrap()) {
+        plexus::spawner::Started::Pid(_) => {}
+        other => panic!("a binDir plugin was refused: {other:?}"),
+    }
+    // The connection closed: the spawner reaped it (no zombie).
+    wait_until(T, "the spawner to reap its child", || {
+        crate::support::cni::children(s.pid()).is_empty()
+    });
+}

@@ -52,6 +52,7 @@ mod multus_socket;
 mod packaging;
 mod packaging_docs;
 mod packaging_scripts;
+mod plugin_env;
 mod plugin_runner;
 mod properties;
 mod readiness_file;

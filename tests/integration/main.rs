@@ -27,6 +27,7 @@ mod config_overlay;
 mod crash_recovery;
 mod cri;
 mod daemon_lifecycle;
+mod debian_plugins;
 mod del_policy;
 mod delegate;
 mod fairness;

@@ -110,7 +110,7 @@ fn each_call_should_leave_one_line_with_what_it_did() {
 
 /// Makes `/run/systemd/journal` exist for the bind mount (the host has no
 /// journal) and removes what it made.
-struct JournalMountPoint(Vec<PathBuf>);
+pub(crate) struct JournalMountPoint(Vec<PathBuf>);
 
 impl JournalMountPoint {
     fn new() -> Self {
@@ -134,7 +134,7 @@ impl Drop for JournalMountPoint {
 
 /// The journal's native entries that `socket` received within `timeout`
 /// until one has `MESSAGE` starting with `prefix`.
-fn journal_entry(
+pub(crate) fn journal_entry(
     socket: &UnixDatagram,
     prefix: &str,
     timeout: Duration,
@@ -159,7 +159,7 @@ fn journal_entry(
 /// journald's native protocol: `KEY=value\n`, or `KEY\n`, the value's
 /// length as 64-bit little endian, the value and `\n`. A key given twice
 /// (a span's field and the event's) keeps the event's, the later.
-fn parse_native(mut data: &[u8]) -> BTreeMap<String, String> {
+pub(crate) fn parse_native(mut data: &[u8]) -> BTreeMap<String, String> {
     let mut entry = BTreeMap::new();
     while let Some(nl) = data.iter().position(|b| *b == b'\n') {
         let line = &data[..nl];
@@ -182,29 +182,31 @@ fn parse_native(mut data: &[u8]) -> BTreeMap<String, String> {
     entry
 }
 
-#[test]
-fn in_the_journal_the_lines_fields_should_be_fields() {
-    let n = node("calllogj");
-    let dir = &n.engine.dir;
+/// plexusd started on `config` with its stderr taken for the journal
+/// (`JOURNAL_STREAM`), in a mount namespace of its own where `<dir>/journal`
+/// is mounted at /run/systemd/journal: what it logs arrives on the socket
+/// returned, in journald's native protocol. Keep the mount point while
+/// the daemon runs.
+pub(crate) fn start_with_journal(
+    dir: &crate::support::daemon::TestDir,
+    config: serde_json::Value,
+) -> (Daemon, UnixDatagram, JournalMountPoint) {
     // journald's socket, as plexusd finds it in a mount namespace of its
     // own where the test's directory is mounted at /run/systemd/journal.
     let journal = dir.join("journal");
     std::fs::create_dir(&journal).unwrap();
     let socket = UnixDatagram::bind(journal.join("socket")).unwrap();
-    let _mount_point = JournalMountPoint::new();
+    let mount_point = JournalMountPoint::new();
     // stderr is "the journal": JOURNAL_STREAM names its device and inode.
     let log = dir.join("d.log");
     std::fs::write(&log, "").unwrap();
     let meta = std::fs::metadata(&log).unwrap();
     let stream = format!("{}:{}", meta.dev(), meta.ino());
     let journal_arg = journal.display().to_string();
-    // Before plexusd's mount namespace is made: it sees the mounts of
-    // that moment (network namespaces are mounts under /run/netns).
-    let ns = Netns::new();
     let mut d = Daemon::start_wrapped(
         dir,
         "d",
-        n.config(),
+        config,
         &[("JOURNAL_STREAM", &stream)],
         &[
             "unshare",
@@ -218,6 +220,18 @@ fn in_the_journal_the_lines_fields_should_be_fields() {
         ],
     );
     d.ready();
+    (d, socket, mount_point)
+}
+
+#[test]
+fn in_the_journal_the_lines_fields_should_be_fields() {
+    let n = node("calllogj");
+    let dir = &n.engine.dir;
+    let log = dir.join("d.log");
+    // Before plexusd's mount namespace is made: it sees the mounts of
+    // that moment (network namespaces are mounts under /run/netns).
+    let ns = Netns::new();
+    let (d, socket, _mount_point) = start_with_journal(dir, n.config());
     let id = "calllogj1";
     ok(&d, &Call::new("ADD", id, &ns, "eth0").run(&d));
     let addrs = addresses(&ns);

@@ -55,6 +55,7 @@ mod packaging_docs;
 mod packaging_scripts;
 mod plugin_env;
 mod plugin_runner;
+mod plugin_stderr;
 mod properties;
 mod readiness_file;
 mod records;

@@ -327,6 +327,8 @@ impl Runner {
         timeout: Duration,
     ) -> Result<Vec<u8>, Error> {
         let cmd = self.command(plugin, env);
+        // Named in the log lines of the plugin's stderr.
+        let network = network_name(&stdin);
         let (process, worked) = Process::start(
             cmd,
             plugin,
@@ -353,14 +355,7 @@ impl Runner {
             );
         }
         if !ended.stderr.is_empty() {
-            tracing::info!(
-                plugin = %plugin.name,
-                command = env.command,
-                container_id = %env.container_id,
-                ifname = %env.ifname,
-                stderr = %String::from_utf8_lossy(&ended.stderr).trim_end(),
-                "plugin wrote to stderr"
-            );
+            log_stderr(plugin, env, &network, &ended.stderr);
         }
         ended.judge(plugin, env.command, timeout)
     }
@@ -395,4 +390,73 @@ impl Runner {
             _ => None,
         }
     }
+}
+
+/// Most lines of one plugin run's stderr that are logged, and most bytes
+/// of one line; the rest is counted in one last line.
+pub const STDERR_LINES: usize = 64;
+pub const STDERR_LINE_BYTES: usize = 2048;
+
+/// The network a plugin's configuration names (its `name`), for the log.
+fn network_name(stdin: &[u8]) -> String {
+    #[derive(Deserialize)]
+    struct Named {
+        #[serde(default)]
+        name: String,
+    }
+    serde_json::from_slice::<Named>(stdin)
+        .map(|n| n.name)
+        .unwrap_or_default()
+}
+
+/// Logs what a plugin wrote to stderr, a log line per line (at most
+/// [`STDERR_LINES`], each cut at [`STDERR_LINE_BYTES`]), with the plugin,
+/// the network, the container and the command as fields of their own (in
+/// the journal: `F_PLUGIN`, `F_NETWORK`, `F_CONTAINER_ID`, ...), as a
+/// runtime's journal would have them from its plugins' stderr.
+fn log_stderr(plugin: &Plugin, env: &CallEnv, network: &str, stderr: &[u8]) {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty())
+        .collect();
+    for line in lines.iter().take(STDERR_LINES) {
+        let line = cut(line, STDERR_LINE_BYTES);
+        tracing::info!(
+            plugin = %plugin.name,
+            network,
+            command = env.command,
+            container_id = %env.container_id,
+            ifname = %env.ifname,
+            "{}: {line}",
+            plugin.name
+        );
+    }
+    if lines.len() > STDERR_LINES {
+        let left = &lines[STDERR_LINES..];
+        let bytes: usize = left.iter().map(|l| l.len() + 1).sum();
+        tracing::info!(
+            plugin = %plugin.name,
+            network,
+            command = env.command,
+            container_id = %env.container_id,
+            ifname = %env.ifname,
+            "{}: {} more lines of stderr ({bytes} bytes) not logged",
+            plugin.name,
+            left.len()
+        );
+    }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }

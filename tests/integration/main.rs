@@ -53,6 +53,7 @@ mod multus_socket;
 mod packaging;
 mod packaging_docs;
 mod packaging_scripts;
+mod plugin_doubles;
 mod plugin_env;
 mod plugin_runner;
 mod plugin_stderr;

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::http::{self, Response};
 use crate::support::systemd::{
-    analyze_offline, assert_verifies, plexus_units, skip_reason, Manager, ScratchDir,
+    analyze_offline, assert_verifies, plexus_units, plugin_units, skip_reason, Manager, ScratchDir,
+    PLUGINS_SERVICE_UNIT as PLUGINS_SERVICE, PLUGINS_SOCKET_UNIT as PLUGINS_SOCKET,
     SERVICE_UNIT as SERVICE, SOCKET_UNIT as SOCKET,
 };
 
@@ -38,6 +39,8 @@ impl Plexus {
             "logLevel": "debug",
             // plexusd creates its stateDir at start: one the unit may write.
             "stateDir": work.join("state/plexus"),
+            // As packaged: plugins are started by plexus-plugins.service.
+            "pluginSpawner": crate::support::systemd::plugins_socket(&work),
         });
         for (k, v) in config.as_object().expect("config object") {
             cfg[k] = v.clone();
@@ -48,7 +51,13 @@ impl Plexus {
         )
         .unwrap();
         let (socket, service) = plexus_units(&work, true);
-        m.install_units(&[(SOCKET, &socket), (SERVICE, &service)]);
+        let (plugins_socket, plugins_service) = plugin_units(&work, true);
+        m.install_units(&[
+            (SOCKET, &socket),
+            (SERVICE, &service),
+            (PLUGINS_SOCKET, &plugins_socket),
+            (PLUGINS_SERVICE, &plugins_service),
+        ]);
         Some(Plexus {
             sock: work.join("sock/plexus.sock"),
             m,
@@ -388,14 +397,25 @@ fn units_offline_analysis_reports_nothing() {
     std::fs::write(dir.join(SERVICE), service).unwrap();
     let link = crate::support::systemd::SHIM_LINK_UNIT;
     std::fs::write(dir.join(link), crate::support::systemd::repo_unit(link)).unwrap();
+    let (plugins_socket, plugins_service) = plugin_units(dir, false);
+    std::fs::write(dir.join(PLUGINS_SOCKET), plugins_socket).unwrap();
+    std::fs::write(dir.join(PLUGINS_SERVICE), plugins_service).unwrap();
     let socket_file = dir.join(SOCKET).display().to_string();
     let service_file = dir.join(SERVICE).display().to_string();
     let link_file = dir.join(link).display().to_string();
+    let plugins_socket_file = dir.join(PLUGINS_SOCKET).display().to_string();
+    let plugins_service_file = dir.join(PLUGINS_SERVICE).display().to_string();
 
     if skip_reason().is_some() {
         return;
     }
-    assert_verifies(&[&socket_file, &service_file, &link_file]);
+    assert_verifies(&[
+        &socket_file,
+        &service_file,
+        &link_file,
+        &plugins_socket_file,
+        &plugins_service_file,
+    ]);
 
     let out = analyze_offline(&["security", "--offline=yes", "--no-pager", &service_file])
         .expect("analyze ran once already");
@@ -491,6 +511,8 @@ fn real_plugins_should_work_under_the_unit_sandbox() {
     assert!(eth0.has_addr(&addr), "{eth0:?}");
     assert!(store.join(addr.split('/').next().unwrap()).exists());
     assert!(records.join("sandboxed-1.json").exists());
+    // The plugins ran in plexus-plugins.service, started by the first ADD.
+    assert_eq!(p.m.show(PLUGINS_SERVICE, "ActiveState"), "active");
 
     let del = call("DEL");
     assert_eq!(del.code, Some(0), "{del:?}");

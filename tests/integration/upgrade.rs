@@ -34,6 +34,8 @@ const UPGRADES: usize = 20;
 const CLIENTS: usize = 4;
 const SOCKET: &str = "plexusd.socket";
 const SERVICE: &str = "plexusd.service";
+const PLUGINS_SOCKET: &str = "plexus-plugins.socket";
+const PLUGINS_SERVICE: &str = "plexus-plugins.service";
 const CONFFILE: &str = "/etc/plexus/daemon-config.json";
 /// Longest one dpkg run may take.
 const DPKG_TIMEOUT: &str = "60";
@@ -214,8 +216,9 @@ fn deb_upgrades_in_place_under_a_pod_storm_should_lose_no_call() {
     // drop-ins that move the socket and the output.
     let units = work.join("units");
     let sock = work.join("sock/plexus.sock");
+    let plugins_sock = work.join("sock/plugins.sock");
     let log = work.join("plexusd.log");
-    for unit in [SOCKET, SERVICE] {
+    for unit in [SOCKET, SERVICE, PLUGINS_SOCKET, PLUGINS_SERVICE] {
         std::os::unix::fs::symlink(
             Path::new("/lib/systemd/system").join(unit),
             units.join(unit),
@@ -226,6 +229,24 @@ fn deb_upgrades_in_place_under_a_pod_storm_should_lose_no_call() {
     std::fs::write(
         units.join("plexusd.socket.d/test.conf"),
         format!("[Socket]\nListenStream=\nListenStream={}\n", sock.display()),
+    )
+    .unwrap();
+    std::fs::create_dir_all(units.join("plexus-plugins.socket.d")).unwrap();
+    std::fs::write(
+        units.join("plexus-plugins.socket.d/test.conf"),
+        format!(
+            "[Socket]\nListenSequentialPacket=\nListenSequentialPacket={}\n",
+            plugins_sock.display()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(units.join("plexus-plugins.service.d")).unwrap();
+    std::fs::write(
+        units.join("plexus-plugins.service.d/test.conf"),
+        format!(
+            "[Unit]\nStartLimitIntervalSec=0\n[Service]\nStandardOutput=append:{0}\nStandardError=append:{0}\n",
+            work.join("plexus-plugins.log").display()
+        ),
     )
     .unwrap();
     std::fs::create_dir_all(units.join("plexusd.service.d")).unwrap();
@@ -264,6 +285,9 @@ fn deb_upgrades_in_place_under_a_pod_storm_should_lose_no_call() {
     let mut cfg: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&conf_in_ns).unwrap()).unwrap();
     cfg["socketDir"] = serde_json::json!(sock.parent().unwrap());
+    // The package's plugin spawner, at this node's socket.
+    assert_eq!(cfg["pluginSpawner"], "/run/plexus/plugins.sock");
+    cfg["pluginSpawner"] = serde_json::json!(plugins_sock);
     cfg["confDir"] = serde_json::json!(net_d);
     cfg["clusterNetwork"] = serde_json::json!("upgrade-lo");
     cfg["logLevel"] = serde_json::json!("debug");
@@ -341,6 +365,7 @@ fn deb_upgrades_in_place_under_a_pod_storm_should_lose_no_call() {
     // Each start of the service has an invocation id of its own (pids may
     // be reused once they wrap).
     let mut invocations = vec![m.show(SERVICE, "InvocationID")];
+    let mut spawner_invocations = vec![m.show(PLUGINS_SERVICE, "InvocationID")];
     let mut times = Vec::new();
     for (version, deb) in &newer {
         times.push(dpkg(&["--install", deb.to_str().unwrap()]));
@@ -352,6 +377,7 @@ fn deb_upgrades_in_place_under_a_pod_storm_should_lose_no_call() {
         assert_eq!(installed, format!("{version} install ok installed"));
         pids.push(m.show(SERVICE, "MainPID"));
         invocations.push(m.show(SERVICE, "InvocationID"));
+        spawner_invocations.push(m.show(PLUGINS_SERVICE, "InvocationID"));
         // Calls keep flowing between upgrades, so every upgrade meets a
         // running daemon with work in flight.
         progress(2 * CLIENTS);
@@ -390,6 +416,16 @@ fn deb_upgrades_in_place_under_a_pod_storm_should_lose_no_call() {
         distinct.len(),
         UPGRADES + 1,
         "not every upgrade restarted plexusd: invocations {invocations:?}, MainPIDs {pids:?}"
+    );
+    // ... and the plugin spawner (the new binary starts the plugins)...
+    let distinct: BTreeSet<&String> = spawner_invocations
+        .iter()
+        .filter(|i| !i.is_empty())
+        .collect();
+    assert_eq!(
+        distinct.len(),
+        UPGRADES + 1,
+        "not every upgrade restarted the plugin spawner: {spawner_invocations:?}"
     );
     // ... and none the socket.
     assert_eq!(m.show_all(SOCKET, &socket_props), socket_before);
@@ -436,12 +472,22 @@ fn deb_upgrades_in_place_under_a_pod_storm_should_lose_no_call() {
         "{} is left after purge",
         sock.display()
     );
-    for unit in [SOCKET, SERVICE] {
+    assert!(
+        std::fs::symlink_metadata(&plugins_sock).is_err(),
+        "{} is left after purge",
+        plugins_sock.display()
+    );
+    for unit in [SOCKET, SERVICE, PLUGINS_SOCKET, PLUGINS_SERVICE] {
         assert_eq!(m.show(unit, "LoadState"), "not-found", "{unit}");
     }
     let status = in_manager(&m, &tools, &["dpkg-query", "-W", "plexus"]);
     assert!(!status.status.success(), "dpkg still knows plexus");
-    let gone = ["/usr/bin/plexusd", "/usr/lib/cni/plexus-shim", CONFFILE];
+    let gone = [
+        "/usr/bin/plexusd",
+        "/usr/lib/cni/plexus-shim",
+        "/usr/libexec/plexus/plexus-spawner",
+        CONFFILE,
+    ];
     for path in gone {
         let p = PathBuf::from(format!("/proc/{}/root{path}", m.pid()));
         assert!(std::fs::symlink_metadata(&p).is_err(), "{path} is left");

@@ -95,8 +95,9 @@ use host::{
     pids_in_mount_ns, remove_cgroup_tree, sweep_stale,
 };
 pub use units::{
-    analyze_offline, assert_verifies, plexus_units, repo_unit, reroot_read_write_paths,
-    shim_link_unit, ScratchDir, SERVICE_UNIT, SHIM_LINK_UNIT, SOCKET_UNIT,
+    analyze_offline, assert_verifies, plexus_units, plugin_units, plugins_socket, repo_unit,
+    reroot_read_write_paths, shim_link_unit, ScratchDir, PLUGINS_SERVICE_UNIT, PLUGINS_SOCKET_UNIT,
+    SERVICE_UNIT, SHIM_LINK_UNIT, SOCKET_UNIT,
 };
 
 /// Serialises managers across all test processes and threads.

@@ -12,6 +12,12 @@ use crate::support::daemon::PLEXUSD;
 pub const SOCKET_UNIT: &str = "plexusd.socket";
 pub const SERVICE_UNIT: &str = "plexusd.service";
 pub const SHIM_LINK_UNIT: &str = "plexus-shim-link.service";
+pub const PLUGINS_SOCKET_UNIT: &str = "plexus-plugins.socket";
+pub const PLUGINS_SERVICE_UNIT: &str = "plexus-plugins.service";
+const REPO_PLUGINS_SOCKET_PATH: &str = "/run/plexus/plugins.sock";
+const REPO_SPAWNER_EXEC_START: &str =
+    "ExecStart=/usr/libexec/plexus/plexus-spawner --config /etc/plexus/daemon-config.json";
+pub const SPAWNER: &str = env!("CARGO_BIN_EXE_plexus-spawner");
 const REPO_SOCKET_PATH: &str = "/run/plexus/plexus.sock";
 const REPO_EXEC_START: &str = "ExecStart=/usr/bin/plexusd --config /etc/plexus/daemon-config.json";
 /// The runtime's plugin directory that plexus-shim-link.service links into.
@@ -146,6 +152,53 @@ pub fn plexus_units(work: &Path, for_manager: bool) -> (String, String) {
         service = add_to_section(&service, "Service", &output, SERVICE_UNIT);
     }
     (socket, service)
+}
+
+/// The repository's plugin spawner units ([`PLUGINS_SOCKET_UNIT`],
+/// [`PLUGINS_SERVICE_UNIT`]) with only the paths substituted: the socket
+/// at [`plugins_socket`]`(work)`, ExecStart a copy of the built
+/// plexus-spawner reading `<work>/daemon-config.json`. With `for_manager`,
+/// output goes to `<work>/plexus-plugins.log`.
+pub fn plugin_units(work: &Path, for_manager: bool) -> (String, String) {
+    let socket = replace_once(
+        &repo_unit(PLUGINS_SOCKET_UNIT),
+        REPO_PLUGINS_SOCKET_PATH,
+        plugins_socket(work).to_str().unwrap(),
+        PLUGINS_SOCKET_UNIT,
+    );
+    let bin = work.join("plexus-spawner");
+    fs::copy(SPAWNER, &bin).expect("copy plexus-spawner into the work dir");
+    let exec = format!(
+        "ExecStart={} --config {}",
+        bin.display(),
+        work.join("daemon-config.json").display()
+    );
+    let mut service = replace_once(
+        &repo_unit(PLUGINS_SERVICE_UNIT),
+        REPO_SPAWNER_EXEC_START,
+        &exec,
+        PLUGINS_SERVICE_UNIT,
+    );
+    if for_manager {
+        let log = work.join("plexus-plugins.log");
+        service = add_to_section(
+            &service,
+            "Unit",
+            "StartLimitIntervalSec=0\n",
+            PLUGINS_SERVICE_UNIT,
+        );
+        let output = format!(
+            "StandardOutput=append:{0}\nStandardError=append:{0}\n",
+            log.display()
+        );
+        service = add_to_section(&service, "Service", &output, PLUGINS_SERVICE_UNIT);
+    }
+    (socket, service)
+}
+
+/// Where [`plugin_units`]' socket listens for a manager's `work` dir.
+pub fn plugins_socket(work: &Path) -> PathBuf {
+    work.join("sock/plugins.sock")
 }
 
 /// `unit` (a plexus-shim-link.service) linking into `link_dir` instead

@@ -256,17 +256,28 @@ fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// `program` when it may be run: an absolute path whose file (after
-/// symbolic links) is a regular executable file directly in one of `dirs`
-/// (after theirs), and which, like the directory holding it, is owned by
-/// root (or the spawner's user) and writable by no one else.
+/// `program` when it may be run: an absolute path, without `..`, that
+/// lies directly in one of `dirs` (compared after symbolic links in the
+/// directories are resolved), which no other user can change, and whose
+/// file (after symbolic links, which may lead anywhere: only root can make
+/// them there) is a regular file owned by root (or the spawner's user),
+/// writable by no one else, in a directory that no one else can write.
 pub fn allowed(program: &Path, dirs: &[PathBuf]) -> Result<PathBuf, String> {
+    use std::path::Component;
     if !program.is_absolute() {
         return Err(format!("{} is not an absolute path", program.display()));
     }
     let refuse = |why: &str| format!("refused to run {}: {why}", program.display());
-    let real = program.canonicalize().map_err(|e| refuse(&e.to_string()))?;
-    let parent = real.parent().ok_or_else(|| refuse("it has no directory"))?;
+    if program
+        .components()
+        .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
+    {
+        return Err(refuse("the path has .. in it"));
+    }
+    let parent = program
+        .parent()
+        .and_then(|p| p.canonicalize().ok())
+        .ok_or_else(|| refuse("its directory cannot be resolved"))?;
     let in_bin_dir = dirs
         .iter()
         .filter_map(|d| d.canonicalize().ok())
@@ -278,9 +289,18 @@ pub fn allowed(program: &Path, dirs: &[PathBuf]) -> Result<PathBuf, String> {
             list.join(":")
         )));
     }
+    let real = program.canonicalize().map_err(|e| refuse(&e.to_string()))?;
+    let real_dir = real
+        .parent()
+        .ok_or_else(|| refuse("it has no directory"))?
+        .to_path_buf();
     // SAFETY: geteuid(2) cannot fail and touches no memory.
     let own = unsafe { libc::geteuid() };
-    for (path, what) in [(real.as_path(), "the file"), (parent, "its directory")] {
+    for (path, what) in [
+        (parent.as_path(), "its binDir directory"),
+        (real_dir.as_path(), "the directory of its file"),
+        (real.as_path(), "the file"),
+    ] {
         let md = std::fs::metadata(path).map_err(|e| refuse(&e.to_string()))?;
         if md.uid() != 0 && md.uid() != own {
             return Err(refuse(&format!("{what} is owned by uid {}", md.uid())));
@@ -323,10 +343,23 @@ mod tests {
             .unwrap_err()
             .contains("not in a binDir"));
         assert!(allowed(Path::new("bridge"), &dirs).is_err());
-        let link = bin.join("sneaky");
-        std::os::unix::fs::symlink(&other, &link).unwrap();
-        assert!(allowed(&link, &dirs).is_err());
         assert!(allowed(&bin.join("../other"), &dirs).is_err());
+        // A link in binDir may lead elsewhere (only root can make it), to
+        // a file no one else can change.
+        let link = bin.join("linked");
+        std::os::unix::fs::symlink(&other, &link).unwrap();
+        std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            allowed(&link, &dirs).unwrap(),
+            other.canonicalize().unwrap()
+        );
+        std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o757)).unwrap();
+        assert!(allowed(&link, &dirs).unwrap_err().contains("writable"));
+        // A binDir reached through a link of its own.
+        let alias = dir.path().join("alias");
+        std::os::unix::fs::symlink(&bin, &alias).unwrap();
+        assert!(allowed(&alias.join("bridge"), &dirs).is_ok());
 
         // Writable by others: the file, then the directory.
         std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o777)).unwrap();

@@ -27,7 +27,7 @@ use crate::support::netns::{unique_name, Link, Netns, Subnet};
 use crate::systemd_units::Plexus;
 
 /// The document whose table lists the allowed differences.
-const ENV_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/plugin-environment.md");
+const ENV_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/plugins.md");
 /// The heading of the table's section in [`ENV_DOC`].
 const SECTION: &str = "## The environment a plugin sees";
 const PROBE: &str = env!("CARGO_BIN_EXE_plexus-test-probe");

@@ -26,7 +26,8 @@
 //!               static config, pod annotations, NADs -> network configs
 //!               (a pod's plan behind a lookup trait, no Kubernetes client)
 //!   cni         the engine (one file per operation), the records in
-//!               stateDir, the plugin process runner, default-route changes
+//!               stateDir, the plugin process runner (forking plugins, or
+//!               asking the plugin spawner to), default-route changes
 //!
 //! shared by several layers (leaves):
 //!   netconf     network configuration lists and the call, with their rules
@@ -48,6 +49,8 @@
 //!   readiness_file  the file that says plexusd is ready, for runtimes that look
 //!   metrics     Prometheus registry and typed handles
 //!   trust       paths the daemon writes must be out of other users' reach
+//!   spawner     the plugin spawner (`plexus-spawner`): its protocol and its
+//!               serving side; plugins started outside plexusd's sandbox
 //!   daemon      composition root and lifecycle (the only module wiring others)
 //! ```
 //!
@@ -55,7 +58,7 @@
 //! `tests/integration/architecture.rs` checks):
 //!
 //! - Leaves: `api`, `device_info`, `duration`, `json`, `logging`, `memory`,
-//!   `metrics`, `names`, `notify` and `trust` use no other module; `result`
+//!   `metrics`, `names`, `notify`, `spawner` and `trust` use no other module; `result`
 //!   uses `api`; `netconf` uses `api`, `names` and `result`;
 //!   `readiness_file` uses `duration`.
 //! - Along the path, a module uses only modules after it and the leaves.

@@ -24,6 +24,8 @@ use crate::config::{self, Config, PathScope};
 use crate::handler::Networks;
 use crate::{cni, k8s};
 
+use super::plugin_needs;
+
 /// How serious a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
@@ -170,7 +172,8 @@ pub fn check(config: &Config) -> Vec<Finding> {
         found.extend(e.problems.iter().map(|p| error(p.to_string())));
     }
     directories(config, &mut found);
-    networks_and_kubernetes(config, &mut found);
+    let types = networks_and_kubernetes(config, &mut found);
+    where_plugins_run(config, &types, &mut found);
     // Stable: the order of discovery within each severity.
     found.sort_by_key(|f| std::cmp::Reverse(f.severity));
     found
@@ -312,8 +315,12 @@ fn directories(config: &Config, found: &mut Vec<Finding>) {
 }
 
 /// The configured networks and their plugins (as start-up's preflight
-/// checks them) and the Kubernetes client's settings.
-fn networks_and_kubernetes(config: &Config, found: &mut Vec<Finding>) {
+/// checks them) and the Kubernetes client's settings. The plugin types of
+/// the networks that loaded, by network.
+fn networks_and_kubernetes(
+    config: &Config,
+    found: &mut Vec<Finding>,
+) -> Vec<(String, Vec<String>)> {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -321,7 +328,7 @@ fn networks_and_kubernetes(config: &Config, found: &mut Vec<Finding>) {
         Ok(r) => r,
         Err(e) => {
             found.push(error(format!("cannot start an async runtime: {e}")));
-            return;
+            return Vec::new();
         }
     };
     let kubernetes = config.kubernetes.enabled();
@@ -347,7 +354,7 @@ fn networks_and_kubernetes(config: &Config, found: &mut Vec<Finding>) {
             found.push(error(format!(
                 "cannot make a scratch directory to check the networks in: {e}"
             )));
-            return;
+            return Vec::new();
         }
     };
     let mut cni_config = config.cni.clone();
@@ -364,11 +371,15 @@ fn networks_and_kubernetes(config: &Config, found: &mut Vec<Finding>) {
             config.kubernetes.sync_timeout,
             config.limit.queue_timeout,
         );
-        Ok::<_, String>(handler.preflight_problems().await)
+        let problems = handler.preflight_problems().await;
+        Ok::<_, String>((problems, handler.configured_plugin_types().await))
     });
     match problems {
-        Err(e) => found.push(error(format!("cannot check the networks: {e}"))),
-        Ok(problems) => {
+        Err(e) => {
+            found.push(error(format!("cannot check the networks: {e}")));
+            Vec::new()
+        }
+        Ok((problems, types)) => {
             for p in problems {
                 // In Kubernetes mode a network that is not a file may be a
                 // NetworkAttachmentDefinition, which only the API can say.
@@ -381,8 +392,76 @@ fn networks_and_kubernetes(config: &Config, found: &mut Vec<Finding>) {
                     found.push(error(p.msg));
                 }
             }
+            types
         }
     }
+}
+
+/// Where plugins run: with `pluginSpawner`, whether its socket is there
+/// and the spawner will accept binDir's plugins; without, what the
+/// configured networks' plugins need that plexusd.service's sandbox does
+/// not give them (see [`plugin_needs`]).
+fn where_plugins_run(config: &Config, types: &[(String, Vec<String>)], found: &mut Vec<Finding>) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let file = config.path.display();
+    if let Some(sock) = &config.cni.plugin_spawner {
+        let listening = std::fs::metadata(sock).is_ok_and(|m| m.file_type().is_socket());
+        if !listening {
+            found.push(warning(format!(
+                "{file}: key \"pluginSpawner\": {} is not a socket: no plugin can be started \
+                 until plexus-plugins.socket listens there (systemctl enable --now \
+                 plexus-plugins.socket)",
+                sock.display()
+            )));
+        }
+        for dir in &config.cni.bin_dirs {
+            let Ok(md) = std::fs::metadata(dir) else {
+                continue;
+            };
+            let others_write = md.mode() & 0o022 != 0 && md.mode() & 0o1000 == 0;
+            if md.uid() != 0 || others_write {
+                found.push(warning(format!(
+                    "{file}: key \"binDir\": plexus-spawner runs no plugin from {}: it must be \
+                     root's and writable by no one else",
+                    dir.display()
+                )));
+            }
+        }
+        return;
+    }
+    let mut needed: Vec<&'static plugin_needs::Need> = Vec::new();
+    for (network, plugins) in types {
+        for plugin in plugins {
+            let Some(need) = plugin_needs::lookup(plugin) else {
+                continue;
+            };
+            found.push(warning(format!(
+                "network {network:?}: plugin {plugin:?} runs inside plexusd.service's sandbox \
+                 (no pluginSpawner): {}",
+                need.effect
+            )));
+            if !needed.iter().any(|n| std::ptr::eq(*n, need)) {
+                needed.push(need);
+            }
+        }
+    }
+    let text = if needed.is_empty() {
+        "plugins run inside plexusd's own sandbox (no pluginSpawner); networks found later \
+         (NetworkAttachmentDefinitions) may need more: docs/plugins.md"
+            .to_string()
+    } else {
+        format!(
+            "{file}: set \"pluginSpawner\": \"{}\" (as packaged) with plexus-plugins.socket \
+             enabled, so that plugins run as the runtime would run them; or give them what \
+             they need with a drop-in (systemctl edit plexusd.service):\n{}",
+            crate::spawner::DEFAULT_SOCKET,
+            plugin_needs::drop_in(&needed)
+        )
+    };
+    found.push(Finding {
+        severity: Severity::Note,
+        text,
+    });
 }
 
 /// A private directory, removed when dropped.

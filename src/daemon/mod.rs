@@ -22,6 +22,7 @@ use crate::server::{self, Handler, Readiness, Shared};
 use crate::{cni, k8s, logging, readiness_file};
 
 pub mod check;
+mod plugin_needs;
 
 /// The exit status for a configuration that is wrong (EX_CONFIG); systemd
 /// does not restart on it (`RestartPreventExitStatus=78`).

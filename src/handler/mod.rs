@@ -136,6 +136,34 @@ impl Networks {
     }
 }
 
+impl Networks {
+    /// The plugin types (each plugin's `type` and its IPAM's) of every
+    /// configured network that loads, by network name.
+    pub async fn configured_plugin_types(&self) -> Vec<(String, Vec<String>)> {
+        let cfg = self.selection.base();
+        if !cfg.has_networks() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for list in self.configured_lists(cfg).await.into_iter().flatten() {
+            let mut types = Vec::new();
+            for plugin in &list.plugins {
+                let named = [
+                    plugin.get("type"),
+                    plugin.get("ipam").and_then(|i| i.get("type")),
+                ];
+                for t in named.into_iter().flatten().filter_map(|t| t.as_str()) {
+                    if !types.iter().any(|k| k == t) {
+                        types.push(t.to_string());
+                    }
+                }
+            }
+            out.push((list.name.clone(), types));
+        }
+        out
+    }
+}
+
 /// A configured network that will not work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreflightProblem {

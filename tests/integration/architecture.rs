@@ -19,6 +19,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("names", &[]),
     ("notify", &[]),
     ("trust", &[]),
+    ("spawner", &[]),
     ("result", &["api"]),
     ("netconf", &["api", "names", "result"]),
     ("readiness_file", &["duration"]),
@@ -57,6 +58,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "names",
             "netconf",
             "result",
+            "spawner",
         ],
     ),
     // Beside it.
@@ -96,6 +98,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "notify",
             "readiness_file",
             "server",
+            "spawner",
         ],
     ),
 ];

@@ -269,3 +269,104 @@ fn options_should_work_after_a_subcommand() {
         "{err}"
     );
 }
+
+/// Without pluginSpawner, plugins the check recognises by type and that
+/// need more than plexusd's sandbox are named, each with its network,
+/// and one note gives the drop-in that would give them all they need.
+#[test]
+fn plugins_that_need_more_than_the_sandbox_should_be_named_with_the_drop_in() {
+    let dir = layout("chk-needs");
+    // Plugin binaries under the names of the real ones: only their types
+    // matter to the check (VERSION answered by Debian's loopback).
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for name in ["calico", "calico-ipam", "tuning"] {
+        std::fs::copy(Path::new(SYSTEM_PLUGINS).join("loopback"), bin.join(name)).unwrap();
+    }
+    let cluster = json!({
+        "cniVersion": "1.0.0", "name": "k8s-pod-network",
+        "plugins": [{"type": "calico", "ipam": {"type": "calico-ipam"}},
+                    {"type": "tuning"}]
+    });
+    std::fs::write(dir.join("net.d/10-calico.conflist"), cluster.to_string()).unwrap();
+    let bin_dirs = format!("{}:{SYSTEM_PLUGINS}", bin.display());
+    let config = with_layout(
+        &dir,
+        json!({"clusterNetwork": "k8s-pod-network", "defaultNetworks": ["good"], "binDir": bin_dirs}),
+    );
+    let (code, out, err) = check(&dir, &config, &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    for plugin in ["calico", "calico-ipam", "tuning"] {
+        assert!(
+            err.contains(&format!(
+                "warning: network \"k8s-pod-network\": plugin \"{plugin}\" runs inside \
+                 plexusd.service's sandbox (no pluginSpawner)"
+            )),
+            "{plugin}: {err}"
+        );
+    }
+    // bridge and host-local (network "good") need nothing more.
+    assert!(!err.contains("plugin \"bridge\""), "{err}");
+    assert!(
+        err.contains("set \"pluginSpawner\": \"/run/plexus/plugins.sock\""),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "[Service]\nReadWritePaths=-/run/calico -/run/cni -/var/log/calico\n\
+             ProtectKernelTunables=no\n\
+             CapabilityBoundingSet=CAP_NET_ADMIN CAP_SYS_ADMIN CAP_SYS_PTRACE CAP_DAC_OVERRIDE"
+        ),
+        "{err}"
+    );
+    // --strict: they count.
+    let (code, _, _) = check(&dir, &config, &["--strict"]);
+    assert_eq!(code, Some(78));
+
+    // With pluginSpawner they run as the runtime would: no such warning,
+    // but one for a socket that is not there.
+    let mut spawned = config.clone();
+    spawned["pluginSpawner"] = json!(dir.join("plugins.sock"));
+    let (code, out, err) = check(&dir, &spawned, &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(!err.contains("runs inside"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "key \"pluginSpawner\": {} is not a socket",
+            dir.join("plugins.sock").display()
+        )),
+        "{err}"
+    );
+    // A listening spawner: nothing to say.
+    let spawner = crate::spawner::Spawner::start(&dir.path, &dir.join("daemon-config.json"));
+    spawned["pluginSpawner"] = json!(spawner.sock);
+    let (code, out, err) = check(&dir, &spawned, &["--strict"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.ends_with("configuration is valid\n"), "{out}{err}");
+}
+
+/// plexus-spawner runs nothing from a binDir directory that others can
+/// write: the check says so before a plugin fails.
+#[test]
+fn a_bin_dir_others_can_write_should_be_named_for_the_spawner() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = layout("chk-spawnbin");
+    let open = dir.join("open-bin");
+    std::fs::create_dir_all(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bin_dirs = format!("{}:{SYSTEM_PLUGINS}", open.display());
+    let config = with_layout(
+        &dir,
+        json!({"clusterNetwork": "good", "binDir": bin_dirs,
+               "pluginSpawner": dir.join("plugins.sock")}),
+    );
+    let (_, out, err) = check(&dir, &config, &[]);
+    assert!(
+        err.contains(&format!(
+            "plexus-spawner runs no plugin from {}: it must be root's and writable by no one else",
+            open.display()
+        )),
+        "{out}{err}"
+    );
+    assert!(!err.contains(&format!("from {SYSTEM_PLUGINS}")), "{err}");
+}

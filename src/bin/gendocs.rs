@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use clap_complete::Shell;
 use clap_mangen::roff::{bold, italic, roman, Inline, Roff};
 use plexus::api::{self, code};
-use plexus::{cni, config, device_info, duration, k8s, shim};
+use plexus::{cni, config, device_info, duration, k8s, shim, spawner};
 
 /// Where `section 8` pages are filed, in the title line.
 const MANUAL: &str = "System Administration";
@@ -228,6 +228,16 @@ fn plexusd_description() -> Page {
              *socketDir*`/{}` itself.",
             api::SOCKET_NAME
         ))
+        .para(&format!(
+            "The plugins do not run under `plexusd.service`'s sandbox: with `pluginSpawner` \
+             (`{}` as packaged) `plexusd` asks `plexus-spawner`, run by \
+             `plexus-plugins.service` with `containerd.service`'s settings, to start each one, \
+             so that a plugin sees the host as it would as the runtime's child. Each line a \
+             plugin writes to stderr reaches the journal with the fields `F_PLUGIN`, \
+             `F_NETWORK`, `F_COMMAND` and `F_CONTAINER_ID`. \
+             `/usr/share/doc/plexus/docs/plugins.md` has the details.",
+            spawner::DEFAULT_SOCKET
+        ))
         .para(
             "With a `kubeconfig` in its configuration, or inside a pod with a service \
              account, `plexusd` watches this node's pods and the NetworkAttachmentDefinitions, \
@@ -365,6 +375,12 @@ fn plexusd_reference() -> Page {
         .item(
             &format!("`{}`", socket_path()),
             "The socket `plexus-shim` connects to (`socketDir`), created by `plexusd.socket`.",
+        )
+        .item(
+            &format!("`{}`", spawner::DEFAULT_SOCKET),
+            "The plugin spawner's socket (`pluginSpawner`), created by \
+             `plexus-plugins.socket`; `/usr/libexec/plexus/plexus-spawner`, run by \
+             `plexus-plugins.service`, starts the plugins there.",
         )
         .item(
             "`/run/multus/multus.sock`",

@@ -144,7 +144,18 @@ fn connection(conn: BorrowedFd<'_>, bin_dirs: &BinDirs) -> io::Result<()> {
         let _ = send(conn, &failed(why.clone(), Some(libc::EPERM)), &[]);
         return Err(io::Error::other(why));
     }
-    let packet = recv(conn, 3)?;
+    // A client sends its request at once: one that does not is dropped
+    // rather than holding a thread.
+    set_receive_timeout(conn, Some(REQUEST_TIMEOUT))?;
+    let packet = recv(conn, 3).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock => io::Error::other(format!(
+            "pid {} sent no request within {} s: dropped",
+            peer.pid(),
+            REQUEST_TIMEOUT.as_secs()
+        )),
+        _ => e,
+    })?;
+    set_receive_timeout(conn, None)?;
     if packet.bytes.is_empty() {
         return Ok(());
     }
@@ -160,8 +171,13 @@ fn connection(conn: BorrowedFd<'_>, bin_dirs: &BinDirs) -> io::Result<()> {
         let _ = send(conn, &failed(why.clone(), None), &[]);
         return Err(io::Error::other(why));
     };
-    let program = match bin_dirs().and_then(|dirs| allowed(Path::new(&req.program), &dirs)) {
-        Ok(p) => p,
+    let checked = bin_dirs().and_then(|dirs| {
+        let program = allowed(Path::new(&req.program), &dirs)?;
+        let env = plugin_env(&req, &dirs)?;
+        Ok((program, env))
+    });
+    let (program, env) = match checked {
+        Ok(c) => c,
         Err(why) => {
             let _ = send(conn, &failed(why.clone(), Some(libc::EACCES)), &[]);
             return Err(io::Error::other(why));
@@ -170,8 +186,8 @@ fn connection(conn: BorrowedFd<'_>, bin_dirs: &BinDirs) -> io::Result<()> {
     let mut cmd = Command::new(&program);
     cmd.env_clear()
         .envs(inherited_env())
-        .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&req.dir)
+        .envs(env)
+        .current_dir("/")
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr))
@@ -204,6 +220,54 @@ fn connection(conn: BorrowedFd<'_>, bin_dirs: &BinDirs) -> io::Result<()> {
         };
         send(conn, &answer, &[])?;
     }
+    Ok(())
+}
+
+/// The variables a request may set: the CNI ones, except `CNI_PATH`.
+const REQUEST_VARS: &[&str] = &[
+    "CNI_COMMAND",
+    "CNI_CONTAINERID",
+    "CNI_NETNS",
+    "CNI_IFNAME",
+    "CNI_ARGS",
+];
+
+/// The variables a plugin of `req` gets over the spawner's environment:
+/// the request's CNI variables, and `CNI_PATH` from binDir, where plugins
+/// look for their delegates (IPAM and the like). Anything else a request
+/// names (`LD_PRELOAD`, say, or its own `CNI_PATH`), or a directory other
+/// than `/`, is refused: a plugin runs nothing but what binDir holds.
+fn plugin_env(req: &Request, dirs: &[PathBuf]) -> Result<Vec<(String, String)>, String> {
+    if req.dir != "/" {
+        return Err(format!("refused: a plugin runs in /, not {:?}", req.dir));
+    }
+    let mut env = Vec::with_capacity(req.env.len() + 1);
+    for (k, v) in &req.env {
+        if k == "CNI_PATH" {
+            continue;
+        }
+        if !REQUEST_VARS.contains(&k.as_str()) {
+            return Err(format!("refused: a request may not set {k}"));
+        }
+        env.push((k.clone(), v.clone()));
+    }
+    let path: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    env.push(("CNI_PATH".to_string(), path.join(":")));
+    Ok(env)
+}
+
+/// How long a connection may take to send its request.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn set_receive_timeout(
+    conn: BorrowedFd<'_>,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<()> {
+    let tv = match timeout {
+        Some(t) => nix::sys::time::TimeVal::new(t.as_secs() as _, t.subsec_micros() as _),
+        None => nix::sys::time::TimeVal::new(0, 0),
+    };
+    socket::setsockopt(&conn, sockopt::ReceiveTimeout, &tv)?;
     Ok(())
 }
 
@@ -320,6 +384,42 @@ pub fn allowed(program: &Path, dirs: &[PathBuf]) -> Result<PathBuf, String> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_request_should_set_only_cni_variables_and_cni_path_should_be_bin_dir() {
+        let dirs = vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")];
+        let req = |env: &[(&str, &str)], dir: &str| Request {
+            program: "/usr/lib/cni/bridge".into(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            dir: dir.into(),
+        };
+        let env = plugin_env(
+            &req(
+                &[("CNI_COMMAND", "ADD"), ("CNI_PATH", "/var/lib/plexus/evil")],
+                "/",
+            ),
+            &dirs,
+        )
+        .unwrap();
+        assert_eq!(
+            env,
+            [
+                ("CNI_COMMAND".to_string(), "ADD".to_string()),
+                (
+                    "CNI_PATH".to_string(),
+                    "/opt/cni/bin:/usr/lib/cni".to_string()
+                )
+            ]
+        );
+        for bad in ["LD_PRELOAD", "PATH", "GCONV_PATH", "cni_command"] {
+            let e = plugin_env(&req(&[(bad, "/x")], "/"), &dirs).unwrap_err();
+            assert!(e.contains(bad), "{e}");
+        }
+        assert!(plugin_env(&req(&[], "/tmp"), &dirs).is_err());
+    }
 
     #[test]
     fn only_programs_in_a_bin_dir_that_no_one_else_can_change_should_be_allowed() {

@@ -163,6 +163,11 @@ fn a_hung_plugin_should_be_killed_at_the_deadline_through_the_spawner() {
 
 /// Asks the spawner directly, as plexusd would, to run `program`.
 fn ask(sock: &Path, program: &str) -> plexus::spawner::Started {
+    ask_with(sock, program, &[("CNI_COMMAND", "VERSION")])
+}
+
+/// [`ask`] with the variables `env`.
+fn ask_with(sock: &Path, program: &str, env: &[(&str, &str)]) -> plexus::spawner::Started {
     use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
     let fd: OwnedFd = socket::socket(
         AddressFamily::Unix,
@@ -175,7 +180,10 @@ fn ask(sock: &Path, program: &str) -> plexus::spawner::Started {
     let (r, w) = nix::unistd::pipe().unwrap();
     let req = plexus::spawner::Request {
         program: program.to_string(),
-        env: vec![("CNI_COMMAND".into(), "VERSION".into())],
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         dir: "/".into(),
     };
     plexus::spawner::send(
@@ -218,6 +226,18 @@ fn the_spawner_should_run_only_what_is_in_bin_dir() {
         }
     }
     let fine = e.bin_dir.join("fine");
+    // A binDir plugin with anything but CNI variables: a library to
+    // preload, or a CNI_PATH of its own, would run what binDir does not
+    // hold.
+    let planted = e.dir.join("evil.so");
+    std::fs::write(&planted, b"").unwrap();
+    let preload = [("LD_PRELOAD", planted.to_str().unwrap())];
+    match ask_with(&s.sock, fine.to_str().unwrap(), &preload) {
+        plexus::spawner::Started::Failed { error, .. } => {
+            assert!(error.contains("may not set LD_PRELOAD"), "{error}")
+        }
+        other => panic!("started with LD_PRELOAD: {other:?}"),
+    }
     match ask(&s.sock, fine.to_str().unwrap()) {
         plexus::spawner::Started::Pid(_) => {}
         other => panic!("a binDir plugin was refused: {other:?}"),
@@ -226,4 +246,40 @@ fn the_spawner_should_run_only_what_is_in_bin_dir() {
     wait_until(T, "the spawner to reap its child", || {
         crate::support::cni::children(s.pid()).is_empty()
     });
+}
+
+/// A client that connects and never asks is dropped (within the
+/// spawner's 10 s request timeout) instead of holding a thread, while
+/// others are served meanwhile.
+#[test]
+fn a_silent_client_should_be_dropped_and_not_block_others() {
+    use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
+    let e = Engine::new("spawn-silent");
+    e.fake("fine", "echo '{}'");
+    e.write_network(
+        "10-net.conflist",
+        &conflist("fine", "1.0.0", vec![json!({"type": "fine"})]),
+    );
+    let (s, _d) = start(&e, "fine", "10s");
+    let silent: OwnedFd = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    socket::connect(silent.as_raw_fd(), &UnixAddr::new(&s.sock).unwrap()).unwrap();
+    // Served meanwhile.
+    let fine = e.bin_dir.join("fine");
+    assert!(matches!(
+        ask(&s.sock, fine.to_str().unwrap()),
+        plexus::spawner::Started::Pid(_)
+    ));
+    // The silent one is closed: its read ends.
+    let timeout = nix::sys::time::TimeVal::new(20, 0);
+    socket::setsockopt(&silent, socket::sockopt::ReceiveTimeout, &timeout).unwrap();
+    let started = std::time::Instant::now();
+    let end = plexus::spawner::recv(silent.as_fd(), 0).expect("the spawner closed it");
+    assert!(end.bytes.is_empty(), "the spawner answered a silent client");
+    assert!(started.elapsed() < Duration::from_secs(15));
 }

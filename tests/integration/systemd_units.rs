@@ -584,6 +584,73 @@ fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
     assert!(!records.join("killed-1.json").exists());
 }
 
+/// The plugin spawner killed by SIGKILL while a plugin runs: systemd kills
+/// the plugin with it, the ADD fails and is rolled back, and the next
+/// call starts a new spawner (socket activation) and works.
+#[test]
+fn a_killed_spawner_should_fail_its_calls_and_the_next_should_start_a_new_one() {
+    use crate::support::netns::Netns;
+    if crate::support::systemd::skip_reason().is_some() {
+        println!("skipping: no private systemd manager here");
+        return;
+    }
+    let ns = Netns::new();
+    let Some(p) = Plexus::start(serde_json::json!({})) else {
+        return;
+    };
+    let work = p.m.work_dir().to_path_buf();
+    let bin = work.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let marker = work.join("slow.started");
+    let sleeper = format!("{}/slowspawn-sleep", bin.display());
+    let fake = format!(
+        "#!/bin/bash\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n\
+         VERSION) echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}}' ;;\n\
+         ADD) if [ ! -e '{m}' ]; then touch '{m}'; exec -a '{sleeper}' sleep 1000; fi\n\
+         echo '{{\"cniVersion\":\"1.0.0\"}}' ;;\n\
+         *) ;;\nesac\nexit 0\n",
+        m = marker.display(),
+    );
+    std::fs::write(bin.join("slowspawn"), fake).unwrap();
+    std::fs::set_permissions(
+        bin.join("slowspawn"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let records = p.serve_network(
+        serde_json::json!({"cniVersion": "1.0.0", "name": "slowspawn",
+                           "plugins": [{"type": "slowspawn"}]}),
+        &bin,
+    );
+    let (add_env, stdin) = p.shim_call("ADD", "spawnkill-1", &ns.path);
+    let add = crate::support::shim::spawn(add_env, &stdin);
+    let started = crate::support::systemd::poll_until(STATE_TIMEOUT, || marker.exists());
+    assert!(started, "the plugin never ran\n{}", p.m.describe_failure());
+    p.m.wait_property(PLUGINS_SERVICE, "ActiveState", "active", STATE_TIMEOUT);
+    let spawner: u32 = p.m.show(PLUGINS_SERVICE, "MainPID").parse().unwrap();
+    let plugins = || crate::support::cni::processes_matching(&sleeper);
+    assert_eq!(plugins().len(), 1, "{:?}", plugins());
+    let daemon = p.main_pid();
+    // SAFETY: kill(2) on the spawner's main process, which this test runs.
+    unsafe { libc::kill(spawner as i32, libc::SIGKILL) };
+    let gone = crate::support::systemd::poll_until(STATE_TIMEOUT, || plugins().is_empty());
+    assert!(gone, "the plugin outlived its spawner: {:?}", plugins());
+    let add = crate::support::shim::finish(add);
+    assert_eq!(add.code, Some(1), "{add:?}");
+    assert!(add.stdout.contains("slowspawn"), "{add:?}");
+    // The failed ADD was rolled back (its DEL through a new spawner).
+    assert!(!records.join("spawnkill-1.json").exists());
+    // plexusd stayed; the next ADD starts a new spawner and works.
+    let (env, stdin) = p.shim_call("ADD", "spawnkill-2", &ns.path);
+    let next = crate::support::shim::run(env, &stdin);
+    assert_eq!(next.code, Some(0), "{next:?}\n{}", p.m.describe_failure());
+    assert_eq!(p.main_pid(), daemon);
+    let new_spawner: u32 = p.m.show(PLUGINS_SERVICE, "MainPID").parse().unwrap();
+    assert_ne!(new_spawner, spawner);
+    let (env, stdin) = p.shim_call("DEL", "spawnkill-2", &ns.path);
+    assert_eq!(crate::support::shim::run(env, &stdin).code, Some(0));
+}
+
 /// plexus-shim-link.service (pointed at a directory of the work dir instead
 /// of /opt/cni/bin): no directory, no link and no directory made; an
 /// existing directory gets the link; a file or link of another owner at

@@ -30,6 +30,9 @@ pub const STDERR_CAP: usize = 64 << 10;
 /// that inherited the pipes keeps them open past this.
 const PIPE_GRACE: Duration = Duration::from_millis(100);
 
+/// Most the plugin spawner may take to reap a plugin that has exited.
+const REMOTE_REAP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// libcni retries exec on ETXTBSY (a binary being replaced) this often.
 const TXTBSY_RETRIES: u32 = 5;
 
@@ -707,7 +710,12 @@ impl Reaper {
                     None
                 }
             },
-            Handle::Remote(remote) => remote.reap().await.ok(),
+            // The spawner answers at once; one that does not (hung, or
+            // gone with its connection) leaves the status unknown.
+            Handle::Remote(remote) => tokio::time::timeout(REMOTE_REAP_TIMEOUT, remote.reap())
+                .await
+                .ok()
+                .and_then(Result::ok),
         }
     }
 

@@ -10,7 +10,7 @@
 //! For every command but VERSION it writes one JSON object, atomically
 //! (a temporary file renamed), to `<probeOutput>.<COMMAND>.json`, where
 //! `probeOutput` is a key of its config. The object is flat; its keys are
-//! the property names the tests and docs/plugin-environment.md use:
+//! the property names the tests and docs/plugins.md use:
 //!
 //! * `uid`, `gid` (real, effective, saved, file system), `groups`;
 //! * `CapInh`, `CapPrm`, `CapEff`, `CapBnd`, `CapAmb`, `NoNewPrivs`,

@@ -5,10 +5,13 @@
 //! umask, resource limits, namespaces, where it may write, its environment
 //! and descriptors) for ADD and DEL.
 //!
-//! (a) Debian's containerd run by the test (support::containerd), whose
-//! CRI plugin runs the chain for a pod sandbox, as the kubelet asks;
-//! (b) plexusd under the shipped units in a private systemd manager
-//! (systemd_units::Plexus), which runs the chain for a plexus-shim call.
+//! (a) Debian's containerd as a node runs it: its installed
+//! `containerd.service` (only `ExecStart=` and the output adapted) in a
+//! private systemd manager (support::containerd, `start_as_service`),
+//! whose CRI plugin runs the chain for a pod sandbox, as the kubelet asks;
+//! (b) plexusd and plexus-spawner under the shipped units in the same kind
+//! of private manager (systemd_units::Plexus), which run the chain for a
+//! plexus-shim call.
 //!
 //! Every property whose value differs must be a row of the table under
 //! [`SECTION`] in [`ENV_DOC`], which says why; a row whose property no
@@ -93,13 +96,14 @@ fn read_seen(out: &Path, command: &str) -> Seen {
         .collect()
 }
 
-/// (a) The probe under containerd's CRI plugin: one pod sandbox, run, then
-/// stopped and removed.
-fn under_containerd() -> Observation {
+/// (a) The probe under containerd.service's CRI plugin: one pod sandbox,
+/// run, then stopped (the DEL compared) and removed; `None` where no
+/// private systemd manager can run.
+fn under_containerd() -> Option<Observation> {
     let dir = TestDir::new("plugin-env");
     let bridge = Link::planned("b");
     let subnet = Subnet::new();
-    let ctd = Containerd::start(&dir, "ctd");
+    let ctd = Containerd::start_as_service(&dir, "ctd")?;
     let bin_dir = ctd.dir.join("cni-bin");
     for p in ["bridge", "host-local"] {
         std::os::unix::fs::symlink(Path::new(PLUGINS).join(p), bin_dir.join(p)).unwrap();
@@ -114,9 +118,17 @@ fn under_containerd() -> Observation {
 
     let id = ctd.run(&Pod::new("plugin-env", &unique_name("p")));
     let add = read_seen(&out, "ADD");
-    ctd.stop_remove(&id);
+    // StopPodSandbox's DEL, the one plexusd's DEL stands for. The
+    // kubelet's RemovePodSandbox then has containerd run DEL once more,
+    // with an empty CNI_NETNS and, its cached result gone, no prevResult.
+    ctd.cri
+        .stop_pod_sandbox(&id)
+        .unwrap_or_else(|e| panic!("StopPodSandbox {id}: {e}\n{}", ctd.log_tail()));
     let del = read_seen(&out, "DEL");
-    Observation { add, del, bin_dir }
+    ctd.cri
+        .remove_pod_sandbox(&id)
+        .unwrap_or_else(|e| panic!("RemovePodSandbox {id}: {e}\n{}", ctd.log_tail()));
+    Some(Observation { add, del, bin_dir })
 }
 
 /// (b) The probe under plexusd run by the shipped units: a plexus-shim ADD
@@ -243,7 +255,9 @@ fn a_plugin_should_see_under_plexusd_what_it_sees_under_containerd() {
         println!("skipping: {why}");
         return;
     }
-    let ctd = under_containerd();
+    let Some(ctd) = under_containerd() else {
+        return;
+    };
     let Some(plexus) = under_plexusd() else {
         return;
     };

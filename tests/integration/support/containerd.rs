@@ -15,6 +15,19 @@
 //! `/run/containerd/s/<hash of this containerd's address and the id>`; a
 //! shim removes its socket when it exits, and the guard removes those of
 //! shims it had to kill.
+//!
+//! Two ways to run it, with the same directories and config:
+//! [`Containerd::start`] spawns it as a child of the test (it inherits the
+//! test's working directory, environment, limits and descriptors);
+//! [`Containerd::start_as_service`] runs it as a node does, as
+//! `containerd.service` (a copy of the installed
+//! `/lib/systemd/system/containerd.service`, only its `ExecStart=` pointed
+//! at this config, its output appended to the log and `WorkingDirectory=/`,
+//! see [`containerd_unit`]) in a private systemd manager of its own
+//! ([`Manager`]). The unit has no `PrivateTmp=`: it sees the test's
+//! directory under /tmp. Its mounts (the sandboxes' network namespaces,
+//! rootfs) are then made in the manager's mount namespace and vanish with
+//! it.
 
 use std::collections::HashMap;
 use std::fs;
@@ -34,6 +47,7 @@ use super::cri_client::{
 use super::daemon::{poll, wait_until, TestDir};
 use super::netns::{parse_addr_json, unique_name, Iface};
 use super::shim::SHIM;
+use super::systemd::Manager;
 
 /// The sandbox image's name in containerd's `k8s.io` namespace.
 pub const PAUSE_IMAGE: &str = "plexus.test/pause:1";
@@ -54,6 +68,11 @@ const DISABLED: &[&str] = &[
 ];
 /// How long containerd may take to serve, and a sandbox call to finish.
 pub const T: Duration = Duration::from_secs(60);
+/// The unit [`Containerd::start_as_service`] copies, and its name.
+pub const CONTAINERD_UNIT_FILE: &str = "/lib/systemd/system/containerd.service";
+pub const CONTAINERD_UNIT: &str = "containerd.service";
+/// The installed unit's `ExecStart=` (adapted to this config).
+const CONTAINERD_EXEC_START: &str = "ExecStart=/usr/bin/containerd\n";
 
 /// A pod's identity as the kubelet gives it (PodSandboxConfig.metadata),
 /// which containerd passes to CNI as `K8S_POD_*` arguments.
@@ -113,7 +132,86 @@ pub struct Containerd {
     /// The sandboxes' cgroup parent, `/<unique name>` in every hierarchy,
     /// removed on drop (rather than containerd's shared `/k8s.io`).
     cgroup: String,
-    child: Child,
+    runner: Runner,
+}
+
+/// What runs containerd.
+enum Runner {
+    /// A child of the test.
+    Child(Child),
+    /// [`CONTAINERD_UNIT`] in a private manager, dropped after the guard's
+    /// own clean-up (in a mutex: the guard is shared between threads, the
+    /// manager may not be).
+    Unit(Box<std::sync::Mutex<Manager>>),
+}
+
+/// The files of one containerd under `<dir>/<tag>`, made by [`prepare`].
+struct Layout {
+    base: PathBuf,
+    state: PathBuf,
+    conf_dir: PathBuf,
+    runc_root: PathBuf,
+    sock: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+}
+
+/// Makes containerd's directories under `<dir>/<tag>`, its CNI `bin_dir`
+/// (the shim and loopback) and its config.
+fn prepare(dir: &TestDir, tag: &str) -> Layout {
+    let base = dir.join(tag);
+    let (root, state) = (base.join("root"), base.join("state"));
+    let (conf_dir, bin_dir) = (base.join("net.d"), base.join("cni-bin"));
+    let runc_root = base.join("runc");
+    for d in [&root, &state, &conf_dir, &bin_dir, &runc_root] {
+        fs::create_dir_all(d).unwrap();
+    }
+    std::os::unix::fs::symlink(SHIM, bin_dir.join("plexus-shim")).unwrap();
+    // The CRI plugin adds the loopback network to every sandbox.
+    std::os::unix::fs::symlink(
+        Path::new(SYSTEM_PLUGINS).join("loopback"),
+        bin_dir.join("loopback"),
+    )
+    .unwrap();
+    let sock = base.join("c.sock");
+    let config = base.join("config.toml");
+    fs::write(
+        &config,
+        config_toml(&root, &state, &sock, &conf_dir, &bin_dir, &runc_root),
+    )
+    .unwrap();
+    let log = base.join("containerd.log");
+    Layout {
+        base,
+        state,
+        conf_dir,
+        runc_root,
+        sock,
+        config,
+        log,
+    }
+}
+
+/// The installed `containerd.service` (`unit`) as [`Containerd::start_as_service`]
+/// runs it: `ExecStart=` with `--config <config>`; output appended to
+/// `log` (a private manager has no journald); `WorkingDirectory=/`, what
+/// the system manager gives every unit and a user manager (the private
+/// one) would replace with its home directory. Every other line as it is.
+pub fn containerd_unit(unit: &str, config: &Path, log: &Path) -> String {
+    assert_eq!(
+        unit.matches(CONTAINERD_EXEC_START).count(),
+        1,
+        "{CONTAINERD_UNIT_FILE} no longer has one {CONTAINERD_EXEC_START:?}; update \
+         tests/integration/support/containerd.rs"
+    );
+    let exec = format!(
+        "ExecStart=/usr/bin/containerd --config {}\n\
+         StandardOutput=append:{}\nStandardError=append:{}\nWorkingDirectory=/\n",
+        config.display(),
+        log.display(),
+        log.display()
+    );
+    unit.replacen(CONTAINERD_EXEC_START, &exec, 1)
 }
 
 impl Containerd {
@@ -121,60 +219,98 @@ impl Containerd {
     /// imports the pause image and waits until the CRI reports the runtime
     /// ready (the network is not ready until a config is in `conf_dir`).
     pub fn start(dir: &TestDir, tag: &str) -> Self {
-        let base = dir.join(tag);
-        let (root, state) = (base.join("root"), base.join("state"));
-        let (conf_dir, bin_dir) = (base.join("net.d"), base.join("cni-bin"));
-        let runc_root = base.join("runc");
-        for d in [&root, &state, &conf_dir, &bin_dir, &runc_root] {
-            fs::create_dir_all(d).unwrap();
-        }
-        std::os::unix::fs::symlink(SHIM, bin_dir.join("plexus-shim")).unwrap();
-        // The CRI plugin adds the loopback network to every sandbox.
-        std::os::unix::fs::symlink(
-            Path::new(SYSTEM_PLUGINS).join("loopback"),
-            bin_dir.join("loopback"),
-        )
-        .unwrap();
-        let sock = base.join("c.sock");
-        let config = base.join("config.toml");
-        fs::write(
-            &config,
-            config_toml(&root, &state, &sock, &conf_dir, &bin_dir, &runc_root),
-        )
-        .unwrap();
-        let log = base.join("containerd.log");
-        let logf = fs::File::create(&log).unwrap();
+        let l = prepare(dir, tag);
+        let logf = fs::File::create(&l.log).unwrap();
         let child = Command::new("containerd")
             .arg("--config")
-            .arg(&config)
+            .arg(&l.config)
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())
             .stderr(logf)
             .spawn()
             .expect("spawn containerd (apt-get install containerd)");
-        let cri = CriClient::new(&sock);
-        let mut c = Containerd {
-            dir: base,
-            sock,
-            conf_dir,
+        Self::serving(l, Runner::Child(child))
+    }
 
-            state,
-            log,
+    /// As [`Containerd::start`], but containerd runs as a node runs it:
+    /// [`CONTAINERD_UNIT`], the installed unit with only its `ExecStart=`
+    /// and output adapted ([`containerd_unit`]), in a private systemd
+    /// manager started for it and stopped on drop. `None` (after printing
+    /// why) where no private manager can run, or the unit is not
+    /// installed.
+    pub fn start_as_service(dir: &TestDir, tag: &str) -> Option<Self> {
+        let Ok(unit) = fs::read_to_string(CONTAINERD_UNIT_FILE) else {
+            println!("skipping: no {CONTAINERD_UNIT_FILE} (apt-get install containerd)");
+            return None;
+        };
+        let m = Manager::start()?;
+        let l = prepare(dir, tag);
+        fs::File::create(&l.log).unwrap();
+        m.install_units(&[(CONTAINERD_UNIT, &containerd_unit(&unit, &l.config, &l.log))]);
+        // Type=notify: returns once containerd has said READY=1.
+        let out = m.systemctl(&["start", CONTAINERD_UNIT]);
+        assert!(
+            out.status.success(),
+            "systemctl start {CONTAINERD_UNIT}: {out:?}\n{}\ncontainerd log:\n{}",
+            m.describe_failure(),
+            fs::read_to_string(&l.log).unwrap_or_default()
+        );
+        Some(Self::serving(
+            l,
+            Runner::Unit(Box::new(std::sync::Mutex::new(m))),
+        ))
+    }
+
+    /// The guard for containerd started by `runner` on `l`, once its CRI
+    /// serves and the pause image is imported.
+    fn serving(l: Layout, runner: Runner) -> Self {
+        let cri = CriClient::new(&l.sock);
+        let mut c = Containerd {
+            dir: l.base,
+            sock: l.sock,
+            conf_dir: l.conf_dir,
+            state: l.state,
+            log: l.log,
             cri,
-            runc_root,
+            runc_root: l.runc_root,
             cgroup: format!("/{}", unique_name("cg")),
-            child,
+            runner,
         };
         let served = poll(T, Duration::from_millis(20), || {
-            c.cri.condition("RuntimeReady") || c.child.try_wait().unwrap().is_some()
+            c.cri.condition("RuntimeReady") || !c.running()
         });
         assert!(
-            served && c.child.try_wait().unwrap().is_none(),
-            "containerd did not serve the CRI; log:\n{}",
-            c.log_text()
+            served && c.running(),
+            "containerd did not serve the CRI; log:\n{}{}",
+            c.log_text(),
+            c.manager_logs()
         );
         c.import_pause_image();
         c
+    }
+
+    /// Whether containerd still runs.
+    fn running(&mut self) -> bool {
+        match &mut self.runner {
+            Runner::Child(child) => child.try_wait().ok().flatten().is_none(),
+            Runner::Unit(m) => {
+                let m = m.get_mut().unwrap_or_else(|e| e.into_inner());
+                let state = m.show(CONTAINERD_UNIT, "ActiveState");
+                state == "active" || state == "reloading"
+            }
+        }
+    }
+
+    /// The private manager's logs when [`Containerd::start_as_service`]
+    /// started containerd (for failure messages), else nothing.
+    pub fn manager_logs(&self) -> String {
+        match &self.runner {
+            Runner::Child(_) => String::new(),
+            Runner::Unit(m) => m
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .describe_failure(),
+        }
     }
 
     fn import_pause_image(&self) {
@@ -328,9 +464,16 @@ impl Containerd {
         out
     }
 
-    /// Mounts under this containerd's directory (netns, rootfs, shm).
+    /// Mounts under this containerd's directory (netns, rootfs, shm), in
+    /// the mount namespace containerd runs in.
     pub fn mounts(&self) -> Vec<String> {
-        mounts_under(&self.dir)
+        match &self.runner {
+            Runner::Child(_) => mounts_under(&self.dir),
+            Runner::Unit(m) => {
+                let pid = m.lock().unwrap_or_else(|e| e.into_inner()).pid();
+                mounts_under_in(&self.dir, Path::new(&format!("/proc/{pid}/mountinfo")))
+            }
+        }
     }
 
     /// Shims serving this containerd (their command line names its socket).
@@ -373,7 +516,7 @@ impl Containerd {
 
 impl Drop for Containerd {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
+        if self.running() {
             for id in self
                 .cri
                 .list_pod_sandbox()
@@ -383,13 +526,25 @@ impl Drop for Containerd {
                 let _ = self.cri.stop_pod_sandbox(&id);
                 let _ = self.cri.remove_pod_sandbox(&id);
             }
-            signal(self.child.id() as i32, libc::SIGTERM);
-            if !poll(Duration::from_secs(10), Duration::from_millis(10), || {
-                self.child.try_wait().ok().flatten().is_some()
-            }) {
-                let _ = self.child.kill();
+        }
+        match &mut self.runner {
+            Runner::Child(child) => {
+                if child.try_wait().ok().flatten().is_none() {
+                    signal(child.id() as i32, libc::SIGTERM);
+                    if !poll(Duration::from_secs(10), Duration::from_millis(10), || {
+                        child.try_wait().ok().flatten().is_some()
+                    }) {
+                        let _ = child.kill();
+                    }
+                    let _ = child.wait();
+                }
             }
-            let _ = self.child.wait();
+            // KillMode=process: only containerd; its shims are killed below,
+            // before the manager (dropped after this) finds them.
+            Runner::Unit(m) => {
+                let m = m.get_mut().unwrap_or_else(|e| e.into_inner());
+                let _ = m.systemctl(&["stop", CONTAINERD_UNIT]);
+            }
         }
         for id in self.runc_containers() {
             let _ = Command::new("runc")
@@ -411,7 +566,13 @@ impl Drop for Containerd {
         for h in list_dir(Path::new("/sys/fs/cgroup")) {
             let _ = fs::remove_dir(format!("/sys/fs/cgroup/{h}{}", self.cgroup));
         }
-        for m in self.mounts().iter().rev() {
+        // Under a manager, what containerd mounted is in the manager's mount
+        // namespace, which goes with the manager (dropped after this).
+        let mounts = match self.runner {
+            Runner::Child(_) => self.mounts(),
+            Runner::Unit(_) => Vec::new(),
+        };
+        for m in mounts.iter().rev() {
             if let Ok(c) = std::ffi::CString::new(m.as_str()) {
                 // SAFETY: umount2(2) with a valid C string, on a mount
                 // under this test's own directory.
@@ -593,8 +754,14 @@ fn find_named_dir(dir: &Path, name: &str, depth: usize, f: &mut dyn FnMut(&Path)
 
 /// Mount points under `dir`, in the order the kernel lists them.
 pub fn mounts_under(dir: &Path) -> Vec<String> {
+    mounts_under_in(dir, Path::new("/proc/self/mountinfo"))
+}
+
+/// Mount points under `dir` in the mount namespace whose `mountinfo` is
+/// given.
+fn mounts_under_in(dir: &Path, mountinfo: &Path) -> Vec<String> {
     let prefix = format!("{}/", dir.display());
-    fs::read_to_string("/proc/self/mountinfo")
+    fs::read_to_string(mountinfo)
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))

@@ -521,6 +521,19 @@ fn real_plugins_should_work_under_the_unit_sandbox() {
     assert!(!records.join("sandboxed-1.json").exists());
 }
 
+/// Writes an executable bash CNI plugin at `path` that reads its stdin,
+/// answers VERSION (0.4.0 and 1.0.0) and runs `cases` (arms of a `case` on
+/// `$CNI_COMMAND`); other commands do nothing and succeed.
+fn script_plugin(path: &Path, cases: &str) {
+    let script = format!(
+        "#!/bin/bash\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n\
+         VERSION) echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}}' ;;\n\
+         {cases}\n*) ;;\nesac\nexit 0\n"
+    );
+    std::fs::write(path, script).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 /// A daemon killed by SIGKILL in the middle of an ADD: systemd kills the
 /// plugin it left running (KillMode=mixed, the unit's cgroup) and restarts
 /// the daemon, and the next DEL cleans up from the attachment record.
@@ -541,16 +554,15 @@ fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
     let marker = work.join("slow.started");
     let del_log = work.join("slow.del");
     let sleeper = format!("{}/slow-sleep", bin.display());
-    let fake = format!(
-        "#!/bin/bash\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n\
-         VERSION) echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}}' ;;\n\
-         ADD) touch '{}'; exec -a '{sleeper}' sleep 1000 ;;\n\
-         DEL) echo \"DEL $CNI_CONTAINERID\" >> '{}' ;;\nesac\nexit 0\n",
-        marker.display(),
-        del_log.display()
+    script_plugin(
+        &bin.join("slow"),
+        &format!(
+            "ADD) touch '{}'; exec -a '{sleeper}' sleep 1000 ;;\n\
+             DEL) echo \"DEL $CNI_CONTAINERID\" >> '{}' ;;",
+            marker.display(),
+            del_log.display()
+        ),
     );
-    std::fs::write(bin.join("slow"), fake).unwrap();
-    std::fs::set_permissions(bin.join("slow"), std::fs::Permissions::from_mode(0o755)).unwrap();
     let records = p.serve_network(
         serde_json::json!({"cniVersion": "1.0.0", "name": "slow", "plugins": [{"type": "slow"}]}),
         &bin,
@@ -603,20 +615,15 @@ fn a_killed_spawner_should_fail_its_calls_and_the_next_should_start_a_new_one() 
     std::fs::create_dir_all(&bin).unwrap();
     let marker = work.join("slow.started");
     let sleeper = format!("{}/slowspawn-sleep", bin.display());
-    let fake = format!(
-        "#!/bin/bash\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n\
-         VERSION) echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}}' ;;\n\
-         ADD) if [ ! -e '{m}' ]; then touch '{m}'; exec -a '{sleeper}' sleep 1000; fi\n\
-         echo '{{\"cniVersion\":\"1.0.0\"}}' ;;\n\
-         *) ;;\nesac\nexit 0\n",
-        m = marker.display(),
+    // The first ADD hangs; the later ones answer at once.
+    script_plugin(
+        &bin.join("slowspawn"),
+        &format!(
+            "ADD) if [ ! -e '{m}' ]; then touch '{m}'; exec -a '{sleeper}' sleep 1000; fi\n\
+             echo '{{\"cniVersion\":\"1.0.0\"}}' ;;",
+            m = marker.display(),
+        ),
     );
-    std::fs::write(bin.join("slowspawn"), fake).unwrap();
-    std::fs::set_permissions(
-        bin.join("slowspawn"),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
     let records = p.serve_network(
         serde_json::json!({"cniVersion": "1.0.0", "name": "slowspawn",
                            "plugins": [{"type": "slowspawn"}]}),

@@ -25,10 +25,11 @@
 //! Layout: this file holds the iteration counts, the scenario runner and
 //! the report's frame; `support/scenario_*.rs` one scenario each (in the
 //! report's order: sequential, shim, bursts with memory, start_stop,
-//! restart, records, floods, k8s, herd, large_cluster); `support/setup.rs`
-//! what they share
-//! (call environments, networks, a running plexusd, tmpfs scratch dirs,
-//! failure tallies); `support/procs.rs` timed process runs and /proc readings,
+//! restart, records, floods, k8s, herd, large_cluster, spawner: plexusd
+//! starting plugins through plexus-spawner beside forking them);
+//! `support/setup.rs` what they share (call environments, networks, a
+//! running plexusd, tmpfs scratch dirs, failure tallies);
+//! `support/procs.rs` timed process runs and /proc readings,
 //! `support/flood.rs` raw client connections, `support/daemon_metrics.rs`
 //! the daemon's Prometheus text, `support/stats.rs` and
 //! `support/report.rs` numbers and markdown. The test harness
@@ -72,6 +73,8 @@ mod sequential;
 mod setup;
 #[path = "support/scenario_shim.rs"]
 mod shim_alone;
+#[path = "support/scenario_spawner.rs"]
+mod spawner;
 #[path = "support/scenario_start_stop.rs"]
 mod start_stop;
 #[path = "support/stats.rs"]
@@ -290,6 +293,11 @@ fn main() {
     sections.push(run("12. Large clusters", false, |s| {
         large_cluster::large_cluster(s, &c)
     }));
+    sections.push(run(
+        "13. Spawner or forking: plexusd starting plugins through plexus-spawner",
+        true,
+        |s| spawner::spawner(s, &c),
+    ));
 
     let mut out = String::new();
     out.push_str("# Plexus benchmark: the CNI call path\n\n");

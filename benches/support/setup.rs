@@ -200,6 +200,21 @@ pub fn start_daemon(
     state_dir: &Path,
     extra: Value,
 ) -> Daemon {
+    let cfg = daemon_config(engine, tag, network, state_dir, extra);
+    let mut d = Daemon::start(&engine.dir, tag, cfg);
+    d.ready();
+    d
+}
+
+/// The configuration [`start_daemon`] gives plexusd (which writes it to
+/// `<engine dir>/<tag>.json`).
+pub fn daemon_config(
+    engine: &Engine,
+    tag: &str,
+    network: &Network,
+    state_dir: &Path,
+    extra: Value,
+) -> Value {
     let mut cfg = json!({
         "confDir": engine.conf_dir,
         "binDir": CNI_BIN,
@@ -211,9 +226,7 @@ pub fn start_daemon(
     for (k, v) in extra.as_object().expect("extra config object") {
         cfg[k] = v.clone();
     }
-    let mut d = Daemon::start(&engine.dir, tag, cfg);
-    d.ready();
-    d
+    cfg
 }
 
 pub fn write_network(engine: &Engine, net: &Network) {

@@ -137,7 +137,9 @@ impl Packet {
 /// Receives one packet with at most `max_fds` descriptors (more, or a cut
 /// packet, is an error: their descriptors are closed).
 pub fn recv(sock: BorrowedFd<'_>, max_fds: usize) -> io::Result<Packet> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+    // Sized to the packet: a buffer of MAX_MESSAGE for every packet costs
+    // more than the rest of a plugin run's bookkeeping.
+    let mut buf = vec![0u8; next_len(sock)?.clamp(1, MAX_MESSAGE + 1)];
     let mut space = nix::cmsg_space!([RawFd; 4]);
     loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
@@ -178,6 +180,29 @@ pub fn recv(sock: BorrowedFd<'_>, max_fds: usize) -> io::Result<Packet> {
         }
         buf.truncate(n);
         return Ok(Packet { bytes: buf, fds });
+    }
+}
+
+/// The length of the next packet, without taking it (0 at end of stream).
+fn next_len(sock: BorrowedFd<'_>) -> io::Result<usize> {
+    loop {
+        // SAFETY: recv(2) with a null buffer of length 0 writes nothing;
+        // MSG_PEEK | MSG_TRUNC only reports the packet's real length.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_PEEK | libc::MSG_TRUNC,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
     }
 }
 
@@ -245,6 +270,27 @@ mod tests {
         let end = recv(b.as_fd(), 0).unwrap();
         assert!(end.bytes.is_empty());
         assert!(end.decode::<Reap>().is_err());
+    }
+
+    #[test]
+    fn packets_of_any_size_should_arrive_whole_one_by_one() {
+        let (a, b) = pair();
+        let big = Request {
+            program: "/usr/lib/cni/bridge".into(),
+            env: vec![("CNI_ARGS".into(), "x".repeat(100 << 10))],
+            dir: "/".into(),
+        };
+        send(a.as_fd(), &big, &[]).unwrap();
+        send(a.as_fd(), &Reap { reap: true }, &[]).unwrap();
+        let got: Request = recv(b.as_fd(), 0).unwrap().decode().unwrap();
+        assert_eq!(got.env[0].1.len(), 100 << 10);
+        assert!(recv(b.as_fd(), 0).unwrap().decode::<Reap>().unwrap().reap);
+        // Over the limit: refused by the sender.
+        let over = Request {
+            env: vec![("CNI_ARGS".into(), "x".repeat(MAX_MESSAGE))],
+            ..big
+        };
+        assert!(send(a.as_fd(), &over, &[]).is_err());
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! binds one itself instead (development).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use nix::sys::socket::{self, sockopt};
 use plexus::spawner::serve::{self, BinDirs};
@@ -107,6 +108,29 @@ fn listener(path: Option<&PathBuf>) -> Result<OwnedFd, String> {
     Ok(fd)
 }
 
+/// binDir as plexusd's configuration at `config` gives it, read again
+/// whenever the file changes (checked on every request, a stat).
+fn bin_dirs(config: PathBuf) -> BinDirs {
+    type Stamp = (u64, u64, u64, i64, i64);
+    let cache: Mutex<Option<(Stamp, Vec<PathBuf>)>> = Mutex::new(None);
+    Arc::new(move || {
+        let stamp = std::fs::metadata(&config)
+            .ok()
+            .map(|m| (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()));
+        let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(stamp), Some((seen, dirs))) = (stamp, cached.as_ref()) {
+            if stamp == *seen {
+                return Ok(dirs.clone());
+            }
+        }
+        let dirs = plexus::config::Config::load(&config, true)
+            .map(|c| c.cni.bin_dirs)
+            .map_err(|e| format!("cannot read binDir from {}: {e}", config.display()))?;
+        *cached = stamp.map(|s| (s, dirs.clone()));
+        Ok(dirs)
+    })
+}
+
 fn main() -> ExitCode {
     let args = match parse() {
         Ok(Some(a)) => a,
@@ -136,12 +160,7 @@ fn main() -> ExitCode {
             return ExitCode::from(78);
         }
     };
-    let config = args.config.clone();
-    let bin_dirs: BinDirs = Arc::new(move || {
-        plexus::config::Config::load(&config, true)
-            .map(|c| c.cni.bin_dirs)
-            .map_err(|e| format!("cannot read binDir from {}: {e}", config.display()))
-    });
+    let bin_dirs = bin_dirs(args.config.clone());
     let (stop, stopper) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
         Ok(p) => p,
         Err(e) => {

@@ -1,8 +1,8 @@
 //! The spawner's side: accept connections, check who asks and for what,
 //! start the plugin, keep it unreaped until the client says so, and kill
 //! and reap whatever a closed connection leaves. Blocking code, a thread
-//! per connection (a plugin run is one connection; plexusd bounds how many
-//! run at once).
+//! per connection at a time, kept a while for the next one (a plugin run is
+//! one connection; plexusd bounds how many run at once).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -10,7 +10,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 use nix::sys::socket::{self, sockopt};
 
@@ -32,6 +33,7 @@ pub type BinDirs = Arc<dyn Fn() -> Result<Vec<PathBuf>, String> + Send + Sync>;
 /// activation with it.
 pub fn serve(listener: OwnedFd, bin_dirs: BinDirs, stop: OwnedFd) -> io::Result<()> {
     let active = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let mut workers = Workers::new(bin_dirs, active.clone());
     loop {
         wait_below(&active, MAX_CONNECTIONS);
         if !wait_readable(listener.as_fd(), stop.as_fd())? {
@@ -51,26 +53,124 @@ pub fn serve(listener: OwnedFd, bin_dirs: BinDirs, stop: OwnedFd) -> io::Result<
             let (count, _) = &*active;
             *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         }
-        let dirs = bin_dirs.clone();
-        let done = active.clone();
-        let started = std::thread::Builder::new()
-            .name("plugin".into())
-            .stack_size(THREAD_STACK)
-            .spawn(move || {
-                let _leave = Leave(done);
-                if let Err(e) = connection(conn.as_fd(), &dirs) {
-                    eprintln!("plexus-spawner: {e}");
-                }
-            });
-        if let Err(e) = started {
-            eprintln!("plexus-spawner: cannot start a thread for a connection: {e}");
-            let (count, cv) = &*active;
-            *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-            cv.notify_all();
-        }
+        workers.hand(conn);
     }
+    // Idle workers leave; busy ones finish their plugin first.
+    drop(workers);
     wait_below(&active, 1);
     Ok(())
+}
+
+/// The threads that serve connections: one per connection at a time,
+/// kept for [`WORKER_IDLE`] after their last one so that the next plugin
+/// run does not pay for a new thread.
+struct Workers {
+    tx: Option<mpsc::Sender<OwnedFd>>,
+    rx: Arc<Mutex<mpsc::Receiver<OwnedFd>>>,
+    /// Workers waiting for a connection that no handed connection has
+    /// claimed yet.
+    idle: Arc<AtomicUsize>,
+    bin_dirs: BinDirs,
+    active: Arc<(Mutex<usize>, Condvar)>,
+}
+
+/// How long a worker waits for its next connection before it leaves.
+const WORKER_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Workers {
+    fn new(bin_dirs: BinDirs, active: Arc<(Mutex<usize>, Condvar)>) -> Self {
+        let (tx, rx) = mpsc::channel();
+        Self {
+            tx: Some(tx),
+            rx: Arc::new(Mutex::new(rx)),
+            idle: Arc::new(AtomicUsize::new(0)),
+            bin_dirs,
+            active,
+        }
+    }
+
+    /// Gives `conn` to an idle worker, or to a new one when none is idle.
+    fn hand(&mut self, conn: OwnedFd) {
+        let claimed = self
+            .idle
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if !claimed {
+            if let Err(e) = self.start() {
+                eprintln!("plexus-spawner: cannot start a thread for a connection: {e}");
+                // Dropped unserved: the client sees the connection close.
+                drop(conn);
+                leave(&self.active);
+                return;
+            }
+        }
+        if let Some(tx) = &self.tx {
+            // The receiver lives as long as self: this cannot fail.
+            let _ = tx.send(conn);
+        }
+    }
+
+    fn start(&self) -> io::Result<()> {
+        let (rx, idle) = (self.rx.clone(), self.idle.clone());
+        let (dirs, active) = (self.bin_dirs.clone(), self.active.clone());
+        std::thread::Builder::new()
+            .name("plugin".into())
+            .stack_size(THREAD_STACK)
+            .spawn(move || loop {
+                let next = rx
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .recv_timeout(WORKER_IDLE);
+                match next {
+                    Ok(conn) => {
+                        // Counted out however the connection ends.
+                        let counted = Leave(active.clone());
+                        if let Err(e) = connection(conn.as_fd(), &dirs) {
+                            eprintln!("plexus-spawner: {e}");
+                        }
+                        drop(conn);
+                        drop(counted);
+                        idle.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        // Leave unless a connection is on its way to a
+                        // waiting worker (all idle ones claimed).
+                        let left = idle
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok();
+                        if left {
+                            return;
+                        }
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            })
+            .map(drop)
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        // Waiting workers see the channel close and leave.
+        self.tx = None;
+    }
+}
+
+/// Counts a connection's end when dropped.
+struct Leave(Arc<(Mutex<usize>, Condvar)>);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        leave(&self.0);
+    }
+}
+
+/// Counts a connection's end.
+fn leave(active: &(Mutex<usize>, Condvar)) {
+    let (count, cv) = active;
+    let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
+    *n = n.saturating_sub(1);
+    cv.notify_all();
 }
 
 /// Waits until `listener` has a connection (true) or `stop` is readable
@@ -107,18 +207,6 @@ fn wait_readable(listener: BorrowedFd<'_>, stop: BorrowedFd<'_>) -> io::Result<b
         if fds[1].revents != 0 {
             return Err(io::Error::other("the listening socket failed"));
         }
-    }
-}
-
-/// Counts a connection's end, however its thread ends.
-struct Leave(Arc<(Mutex<usize>, Condvar)>);
-
-impl Drop for Leave {
-    fn drop(&mut self) {
-        let (count, cv) = &*self.0;
-        let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
-        *n = n.saturating_sub(1);
-        cv.notify_all();
     }
 }
 

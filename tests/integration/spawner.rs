@@ -168,6 +168,16 @@ fn ask(sock: &Path, program: &str) -> plexus::spawner::Started {
 
 /// [`ask`] with the variables `env`.
 fn ask_with(sock: &Path, program: &str, env: &[(&str, &str)]) -> plexus::spawner::Started {
+    ask_open(sock, program, env).1
+}
+
+/// [`ask_with`], returning the connection too: the spawner keeps serving
+/// it (and its plugin unreaped) until it is dropped.
+fn ask_open(
+    sock: &Path,
+    program: &str,
+    env: &[(&str, &str)],
+) -> (OwnedFd, plexus::spawner::Started) {
     use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
     let fd: OwnedFd = socket::socket(
         AddressFamily::Unix,
@@ -193,7 +203,8 @@ fn ask_with(sock: &Path, program: &str, env: &[(&str, &str)]) -> plexus::spawner
     )
     .unwrap();
     let answer = plexus::spawner::recv(fd.as_fd(), 1).unwrap();
-    answer.decode().unwrap()
+    let started = answer.decode().unwrap();
+    (fd, started)
 }
 
 #[test]
@@ -282,4 +293,59 @@ fn a_silent_client_should_be_dropped_and_not_block_others() {
     let end = plexus::spawner::recv(silent.as_fd(), 0).expect("the spawner closed it");
     assert!(end.bytes.is_empty(), "the spawner answered a silent client");
     assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+/// binDir is read again when plexusd's configuration changes, without a
+/// restart of the spawner; plugin runs one after another reuse one
+/// thread.
+#[test]
+fn a_changed_bin_dir_should_count_at_once_and_threads_should_be_reused() {
+    let e = Engine::new("spawn-rebin");
+    e.fake("fine", "echo '{}'");
+    let other = e.dir.join("other-bin");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::copy(e.bin_dir.join("fine"), other.join("later")).unwrap();
+    let config = e.dir.join("spawner.json");
+    let write = |bin: &Path| {
+        let tmp = e.dir.join("spawner.json.tmp");
+        std::fs::write(&tmp, json!({"binDir": bin}).to_string()).unwrap();
+        std::fs::rename(&tmp, &config).unwrap();
+    };
+    write(&e.bin_dir);
+    let s = Spawner::start(&e.dir.path, &config);
+    let later = other.join("later");
+    assert!(matches!(
+        ask(&s.sock, later.to_str().unwrap()),
+        plexus::spawner::Started::Failed { .. }
+    ));
+    write(&other);
+    let threads = || -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(format!("/proc/{}/task", s.pid()))
+            .unwrap()
+            .map(|t| t.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..5 {
+        let (conn, started) = ask_open(&s.sock, later.to_str().unwrap(), &[]);
+        match started {
+            plexus::spawner::Started::Pid(_) => {}
+            other => panic!("refused after binDir changed: {other:?}"),
+        }
+        // While the connection is open, a worker serves it.
+        seen.extend(threads());
+        drop(conn);
+        // Closed: its plugin is reaped and its worker idle again.
+        wait_until(T, "the spawner to reap its child", || {
+            crate::support::cni::children(s.pid()).is_empty()
+        });
+    }
+    // The main thread, the signal thread and the workers, reused: one,
+    // or two when a connection came in while the first worker had
+    // answered but not yet gone back to waiting (a thread per connection
+    // would be five, and six with the refused one).
+    assert!(
+        seen.len() <= 4,
+        "threads {seen:?} for five runs one after another"
+    );
 }

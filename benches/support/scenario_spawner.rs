@@ -173,9 +173,9 @@ pub fn spawner(sec: &mut Section, c: &Counts) {
          spawner's `SOCK_SEQPACKET` socket, sends the plugin's path, its CNI variables and the \
          three pipe ends, and gets the plugin's pid and a pidfd back; once the plugin has \
          exited, plexusd kills its group and asks the spawner to reap it. The spawner serves \
-         each connection on a thread of its own and checks every request (the peer's uid, the \
-         program in a binDir directory no other user can change, binDir read again from \
-         plexusd's configuration). Here the bench starts it itself, as it starts plexusd: \
+         each connection on a worker thread (kept for the next one) and checks every request \
+         (the peer's uid, the program in a binDir directory no other user can change, binDir \
+         read again from plexusd's configuration when the file changed, only CNI variables). Here the bench starts it itself, as it starts plexusd: \
          `plexus-spawner --config <that plexusd's config> --listen <temp dir>/spawner.sock`, \
          killed and reaped at the end like the daemons. Three sides: `direct` (the plugin \
          executed by the bench, as in scenarios 1 and 2), `plexus, plexusd forks` (no \

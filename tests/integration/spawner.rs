@@ -349,3 +349,55 @@ fn a_changed_bin_dir_should_count_at_once_and_threads_should_be_reused() {
         "threads {seen:?} for five runs one after another"
     );
 }
+
+/// A socket at pluginSpawner that another user listens on is never
+/// trusted with a plugin: the ADD fails naming it, and nothing runs.
+#[test]
+fn a_spawner_of_another_user_should_be_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let e = Engine::new("spawn-nobody");
+    let ran = e.dir.join("ran");
+    e.fake("fine", &format!("touch '{}'; echo '{{}}'", ran.display()));
+    e.write_network(
+        "10-net.conflist",
+        &conflist("fine", "1.0.0", vec![json!({"type": "fine"})]),
+    );
+    // A directory another user may bind in, and an impostor there: the
+    // built spawner itself, run as 65534.
+    let open = e.dir.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let sock = open.join("spawner.sock");
+    let config_path = e.dir.join("d.json");
+    let mut config = e.config("fine", "10s");
+    config["pluginSpawner"] = json!(sock);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let mut impostor = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", SPAWNER])
+        .arg("--config")
+        .arg(&config_path)
+        .arg("--listen")
+        .arg(&sock)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Reap<'a>(&'a mut Child);
+    impl Drop for Reap<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let impostor = Reap(&mut impostor);
+    wait_until(T, "the impostor's socket", || sock.exists());
+    let mut d = Daemon::start(&e.dir, "d", config);
+    d.ready();
+    let ns = Netns::new();
+    let (_, msg, _) = failed(&d, &cni(&d, "ADD", "sp-nobody", &ns, "eth0"));
+    assert!(
+        msg.contains("refused the plugin spawner") && msg.contains("uid 65534"),
+        "{msg}"
+    );
+    assert!(!ran.exists(), "a plugin ran through another user's spawner");
+    assert!(crate::support::cni::children(impostor.0.id() as i32).is_empty());
+}

@@ -150,11 +150,29 @@ fn connect(socket: &Path) -> io::Result<OwnedFd> {
     let addr = UnixAddr::new(socket)?;
     loop {
         match socket::connect(fd.as_raw_fd(), &addr) {
-            Ok(()) => return Ok(fd),
+            Ok(()) => break,
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(unreachable_spawner(socket, &e.into())),
         }
     }
+    // A plugin's pipes, its CNI variables and the kill of the group it
+    // names go only to a spawner of our own user (root): never to one that
+    // another user bound at a misconfigured path.
+    let peer = socket::getsockopt(&fd, socket::sockopt::PeerCredentials)?;
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    let own = unsafe { libc::geteuid() };
+    if peer.uid() != own {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "refused the plugin spawner at {}: it runs as uid {} (pid {}), not {own}",
+                socket.display(),
+                peer.uid(),
+                peer.pid()
+            ),
+        ));
+    }
+    Ok(fd)
 }
 
 fn unreachable_spawner(socket: &Path, e: &io::Error) -> io::Error {

@@ -521,6 +521,23 @@ fn real_plugins_should_work_under_the_unit_sandbox() {
     assert!(!records.join("sandboxed-1.json").exists());
 }
 
+/// A manager with the plexus units, a fresh network namespace (made
+/// before the manager: it sees the namespaces of that moment), the work
+/// dir and an empty `<work>/bin` for plugins; `None` (after saying why)
+/// where no private manager can run.
+fn plexus_with_bin() -> Option<(crate::support::netns::Netns, Plexus, PathBuf, PathBuf)> {
+    if crate::support::systemd::skip_reason().is_some() {
+        println!("skipping: no private systemd manager here");
+        return None;
+    }
+    let ns = crate::support::netns::Netns::new();
+    let p = Plexus::start(serde_json::json!({}))?;
+    let work = p.m.work_dir().to_path_buf();
+    let bin = work.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    Some((ns, p, work, bin))
+}
+
 /// Writes an executable bash CNI plugin at `path` that reads its stdin,
 /// answers VERSION (0.4.0 and 1.0.0) and runs `cases` (arms of a `case` on
 /// `$CNI_COMMAND`); other commands do nothing and succeed.
@@ -539,18 +556,9 @@ fn script_plugin(path: &Path, cases: &str) {
 /// the daemon, and the next DEL cleans up from the attachment record.
 #[test]
 fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
-    use crate::support::netns::Netns;
-    if crate::support::systemd::skip_reason().is_some() {
-        println!("skipping: no private systemd manager here");
-        return;
-    }
-    let ns = Netns::new();
-    let Some(p) = Plexus::start(serde_json::json!({})) else {
+    let Some((ns, p, work, bin)) = plexus_with_bin() else {
         return;
     };
-    let work = p.m.work_dir().to_path_buf();
-    let bin = work.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
     let marker = work.join("slow.started");
     let del_log = work.join("slow.del");
     let sleeper = format!("{}/slow-sleep", bin.display());
@@ -601,18 +609,9 @@ fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
 /// call starts a new spawner (socket activation) and works.
 #[test]
 fn a_killed_spawner_should_fail_its_calls_and_the_next_should_start_a_new_one() {
-    use crate::support::netns::Netns;
-    if crate::support::systemd::skip_reason().is_some() {
-        println!("skipping: no private systemd manager here");
-        return;
-    }
-    let ns = Netns::new();
-    let Some(p) = Plexus::start(serde_json::json!({})) else {
+    let Some((ns, p, work, bin)) = plexus_with_bin() else {
         return;
     };
-    let work = p.m.work_dir().to_path_buf();
-    let bin = work.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
     let marker = work.join("slow.started");
     let sleeper = format!("{}/slowspawn-sleep", bin.display());
     // The first ADD hangs; the later ones answer at once.

@@ -421,8 +421,19 @@ fn log_stderr(plugin: &Plugin, env: &CallEnv, network: &str, stderr: &[u8]) {
         .map(str::trim_end)
         .filter(|l| !l.is_empty())
         .collect();
-    for line in lines.iter().take(STDERR_LINES) {
-        let line = cut(line, STDERR_LINE_BYTES);
+    let kept = lines
+        .iter()
+        .take(STDERR_LINES)
+        .map(|line| cut(line, STDERR_LINE_BYTES).to_string());
+    let left = lines.get(STDERR_LINES..).unwrap_or_default();
+    let rest = (!left.is_empty()).then(|| {
+        let bytes: usize = left.iter().map(|l| l.len() + 1).sum();
+        format!(
+            "{} more lines of stderr ({bytes} bytes) not logged",
+            left.len()
+        )
+    });
+    for line in kept.chain(rest) {
         tracing::info!(
             plugin = %plugin.name,
             network,
@@ -431,20 +442,6 @@ fn log_stderr(plugin: &Plugin, env: &CallEnv, network: &str, stderr: &[u8]) {
             ifname = %env.ifname,
             "{}: {line}",
             plugin.name
-        );
-    }
-    if lines.len() > STDERR_LINES {
-        let left = &lines[STDERR_LINES..];
-        let bytes: usize = left.iter().map(|l| l.len() + 1).sum();
-        tracing::info!(
-            plugin = %plugin.name,
-            network,
-            command = env.command,
-            container_id = %env.container_id,
-            ifname = %env.ifname,
-            "{}: {} more lines of stderr ({bytes} bytes) not logged",
-            plugin.name,
-            left.len()
         );
     }
 }

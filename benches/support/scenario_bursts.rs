@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::procs::{burst, children_cpu, proc_cpu, status_kib, Call, Outcome};
+use crate::procs::{burst, children_cpu, proc_cpu, status_kib, Outcome};
 use crate::report::{met, Section, Table, Target};
-use crate::setup::{shim_call, start_daemon, write_network, Failures, Network};
+use crate::setup::{burst_calls, start_daemon, write_network, Failures, Network};
 use crate::stats::{fmt_kib, fmt_ms, fmt_ms_f, fmt_ratio, ms, Samples};
 use crate::support::cni::Engine;
 use crate::support::netns::Netns;
@@ -68,21 +68,10 @@ pub fn bursts(sec: &mut Section, mem: &mut Section, c: &Counts) {
     let socks = [None, Some(unl.sock.clone()), Some(lim.sock.clone())];
     let pids = [None, Some(unl.pid()), Some(lim.pid())];
 
-    let calls_for =
-        |mode: usize, command: &str, ids: &[String], prev: &[Option<Value>]| -> Vec<Call> {
-            ids.iter()
-                .enumerate()
-                .map(|(i, cid)| match &socks[mode] {
-                    None => net.direct(
-                        command,
-                        cid,
-                        &netns[mode].path,
-                        prev.get(i).and_then(|p| p.as_ref()),
-                    ),
-                    Some(sock) => shim_call(sock, command, cid, &netns[mode].path, &net.ifname),
-                })
-                .collect()
-        };
+    let calls_for = |mode: usize, command: &str, ids: &[String], prev: &[Option<Value>]| {
+        let sock = socks[mode].as_deref();
+        burst_calls(&net, sock, &netns[mode].path, command, ids, prev)
+    };
     // Warm-up: one call each (plexusd's VERSION cache), then idle RSS again.
     for mode in 0..3 {
         let ids = vec![format!("bwarm-{mode}")];

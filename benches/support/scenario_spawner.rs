@@ -19,7 +19,8 @@ use crate::procs::{
 };
 use crate::report::{met, Section, Table, Target};
 use crate::setup::{
-    breakdown_table, daemon_config, minus, shim_call, write_network, AddDel, Failures, Network,
+    breakdown_table, burst_calls, daemon_config, minus, shim_call, write_network, AddDel, Failures,
+    Network,
 };
 use crate::stats::{fmt_delta, fmt_kib, fmt_ms, fmt_ms_f, fmt_ratio, ms, Samples};
 use crate::support::cni::Engine;
@@ -552,18 +553,8 @@ fn bursts(sec: &mut Section, c: &Counts, d: &Daemons, net: &Network) {
     let netns: Vec<Netns> = (0..3).map(|_| Netns::new()).collect();
     let socks = [None, Some(d.fork.sock.clone()), Some(d.spawn.sock.clone())];
     let calls_for = |mode: usize, command: &str, ids: &[String], prev: &[Option<Value>]| {
-        ids.iter()
-            .enumerate()
-            .map(|(i, cid)| match &socks[mode] {
-                None => net.direct(
-                    command,
-                    cid,
-                    &netns[mode].path,
-                    prev.get(i).and_then(|p| p.as_ref()),
-                ),
-                Some(sock) => shim_call(sock, command, cid, &netns[mode].path, &net.ifname),
-            })
-            .collect::<Vec<_>>()
+        let sock = socks[mode].as_deref();
+        burst_calls(net, sock, &netns[mode].path, command, ids, prev)
     };
     let cpu = || -> BurstCpu {
         let p = |pid: i32| proc_cpu(pid).unwrap_or_default();

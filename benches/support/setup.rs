@@ -97,6 +97,26 @@ pub fn shim_kind() -> &'static str {
     }
 }
 
+/// One burst's calls of `command` for containers `ids` in `netns`: through
+/// the plexusd at `sock`, or the plugin called directly (`None`, with the
+/// ADD results `prev` as `prevResult`).
+pub fn burst_calls(
+    net: &Network,
+    sock: Option<&Path>,
+    netns: &str,
+    command: &str,
+    ids: &[String],
+    prev: &[Option<Value>],
+) -> Vec<Call> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, cid)| match sock {
+            None => net.direct(command, cid, netns, prev.get(i).and_then(|p| p.as_ref())),
+            Some(sock) => shim_call(sock, command, cid, netns, &net.ifname),
+        })
+        .collect()
+}
+
 pub fn shim_call(sock: &Path, command: &str, cid: &str, netns: &str, ifname: &str) -> Call {
     Call::new(
         shim(),

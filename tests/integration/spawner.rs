@@ -119,7 +119,11 @@ fn a_plugin_should_be_the_spawners_child_and_die_with_a_killed_daemon() {
     let ns = Netns::new();
     let (s, mut d) = start(&e, "sleepy", "60s");
     let add = crate::support::cni::Call::new("ADD", "sp-kill", &ns, "eth0").spawn(&d);
-    wait_until(T, "the plugin to start", || started.exists());
+    // The script writes `started` before it execs the sleeper: wait for
+    // the sleeper itself, not the file.
+    wait_until(T, "the plugin to start", || {
+        started.exists() && !processes_matching(&sleeper).is_empty()
+    });
     let plugins = processes_matching(&sleeper);
     assert_eq!(plugins.len(), 1, "{plugins:?}");
     let (pid, _) = plugins[0];

@@ -578,14 +578,18 @@ fn plugins_of_a_killed_daemon_should_die_with_it_and_del_should_clean_up() {
     let (add_env, stdin) = p.shim_call("ADD", "killed-1", &ns.path);
     let (del_env, _) = p.shim_call("DEL", "killed-1", &ns.path);
     let add = crate::support::shim::spawn(add_env, &stdin);
-    let started = crate::support::systemd::poll_until(STATE_TIMEOUT, || marker.exists());
+    let orphans = || crate::support::cni::processes_matching(&sleeper);
+    // The script touches the marker before it execs the sleeper: wait for
+    // the sleeper itself.
+    let started = crate::support::systemd::poll_until(STATE_TIMEOUT, || {
+        marker.exists() && !orphans().is_empty()
+    });
     assert!(
         started,
         "the slow plugin never ran\n{}",
         p.m.describe_failure()
     );
     let first = p.wait_active();
-    let orphans = || crate::support::cni::processes_matching(&sleeper);
     assert_eq!(orphans().len(), 1, "{:?}", orphans());
     // SAFETY: kill(2) on the service's main process, which this test runs.
     unsafe { libc::kill(first as i32, libc::SIGKILL) };
@@ -630,11 +634,14 @@ fn a_killed_spawner_should_fail_its_calls_and_the_next_should_start_a_new_one() 
     );
     let (add_env, stdin) = p.shim_call("ADD", "spawnkill-1", &ns.path);
     let add = crate::support::shim::spawn(add_env, &stdin);
-    let started = crate::support::systemd::poll_until(STATE_TIMEOUT, || marker.exists());
+    let plugins = || crate::support::cni::processes_matching(&sleeper);
+    // The marker is touched before the exec: wait for the sleeper itself.
+    let started = crate::support::systemd::poll_until(STATE_TIMEOUT, || {
+        marker.exists() && !plugins().is_empty()
+    });
     assert!(started, "the plugin never ran\n{}", p.m.describe_failure());
     p.m.wait_property(PLUGINS_SERVICE, "ActiveState", "active", STATE_TIMEOUT);
     let spawner: u32 = p.m.show(PLUGINS_SERVICE, "MainPID").parse().unwrap();
-    let plugins = || crate::support::cni::processes_matching(&sleeper);
     assert_eq!(plugins().len(), 1, "{:?}", plugins());
     let daemon = p.main_pid();
     // SAFETY: kill(2) on the spawner's main process, which this test runs.

@@ -504,12 +504,7 @@ impl Config {
         let mut problems = Vec::new();
         let mut check = |key: &str, result: std::result::Result<(), trust::Untrusted>| {
             if let Err(e) = result {
-                let mut why = format!("refusing to use it: {e}");
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    why.push_str(&format!(": {s}"));
-                    source = s.source();
-                }
+                let mut why = format!("refusing to use it: {}", crate::causes::chain(&e));
                 why.push_str(
                     "; every directory on the way to a path plexusd writes must be owned by \
                      root and writable only by root (a sticky directory such as /tmp may be \

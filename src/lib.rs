@@ -37,6 +37,7 @@
 //!   api         wire types, command names, CNI error codes (shared with the shim)
 //!   memory      the allocator's free memory given back after bursts and lists
 //!   json        a JSON value's kind, for messages
+//!   causes      an error's text with every cause under it
 //!   duration    "10s"-style durations
 //!
 //! beside the path:
@@ -57,7 +58,7 @@
 //! Dependency direction (every `crate::` import; nothing else, as
 //! `tests/integration/architecture.rs` checks):
 //!
-//! - Leaves: `api`, `device_info`, `duration`, `json`, `logging`, `memory`,
+//! - Leaves: `api`, `causes`, `device_info`, `duration`, `json`, `logging`, `memory`,
 //!   `metrics`, `names`, `notify`, `spawner` and `trust` use no other module; `result`
 //!   uses `api`; `netconf` uses `api`, `names` and `result`;
 //!   `readiness_file` uses `duration`.
@@ -65,7 +66,7 @@
 //!   `cni` uses the leaves only. `selection` uses `netconf`, `names`,
 //!   `device_info` and `json`: it never reaches into `cni`, `k8s` or
 //!   `config`. `k8s` uses `selection` (to implement its lookup trait),
-//!   `device_info`, `duration`, `memory` and `result`. `limit` uses
+//!   `causes`, `device_info`, `duration`, `memory` and `result`. `limit` uses
 //!   `duration`, `memory` and `metrics`.
 //! - The one reference back is by design: `server` calls the handler
 //!   through its own [`server::Handler`] trait, so `handler` uses `server`
@@ -87,6 +88,7 @@
 pub mod activation;
 pub mod api;
 pub mod autoconf;
+pub mod causes;
 pub mod cli;
 pub mod cni;
 pub mod config;

@@ -337,7 +337,7 @@ fn networks_and_kubernetes(
             found.push(error(format!(
                 "{}: {}",
                 config.path.display(),
-                k8s::error_chain(&e)
+                crate::causes::chain(&e)
             )));
         }
     } else {

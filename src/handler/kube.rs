@@ -28,19 +28,16 @@ fn bad_config(msg: impl Into<String>) -> Failure {
 }
 
 fn api_failure(pod: &PodRef, e: k8s::Error) -> Failure {
-    let msg = format!("pod {}/{}: {e}", pod.namespace, pod.name);
-    let mut chain = String::new();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        chain.push_str(&format!(": {s}"));
-        source = s.source();
-    }
+    let prefix = format!("pod {}/{}", pod.namespace, pod.name);
+    let msg = format!("{prefix}: {}", crate::causes::chain(&e));
     match e {
-        k8s::Error::UidMismatch { .. } => {
-            Failure::new(FailureKind::Failed, code::INVALID_ENVIRONMENT, msg)
-        }
-        e if e.is_transient() => unavailable(format!("{msg}{chain}; try again later")),
-        _ => Failure::new(FailureKind::Failed, code::INTERNAL, format!("{msg}{chain}")),
+        k8s::Error::UidMismatch { .. } => Failure::new(
+            FailureKind::Failed,
+            code::INVALID_ENVIRONMENT,
+            format!("{prefix}: {e}"),
+        ),
+        e if e.is_transient() => unavailable(format!("{msg}; try again later")),
+        _ => Failure::new(FailureKind::Failed, code::INTERNAL, msg),
     }
 }
 

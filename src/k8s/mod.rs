@@ -191,22 +191,6 @@ pub struct Source {
 /// Cache name -> the last error of its watch, while it is failing.
 type WatchErrors = Arc<Mutex<BTreeMap<&'static str, String>>>;
 
-/// An error and every cause under it (`source()`), joined with `: `; a
-/// cause whose text its parent already shows is left out.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    text
-}
-
 impl std::fmt::Debug for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Source")
@@ -543,7 +527,7 @@ where
                 Some(Err(e)) => {
                     // The whole chain: "client error (Connect)" alone does
                     // not say that a certificate was refused.
-                    let text = error_chain(&e);
+                    let text = crate::causes::chain(&e);
                     if last_error.as_deref() != Some(text.as_str()) {
                         tracing::warn!(cache = what, cause = %text, "Kubernetes watch failed; retrying with backoff");
                         errors
@@ -566,24 +550,5 @@ mod tests {
         let c = super::pod_watch_config("node-a");
         assert_eq!(c.field_selector.as_deref(), Some("spec.nodeName=node-a"));
         assert_eq!(c.label_selector, None);
-    }
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("client error (Connect)")]
-    struct Connect(#[source] std::io::Error);
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("failed to list: {0}")]
-    struct List(#[source] Connect);
-
-    #[test]
-    fn error_chain_should_name_every_cause_once() {
-        let e = List(Connect(std::io::Error::other(
-            "invalid peer certificate: UnknownIssuer",
-        )));
-        assert_eq!(
-            super::error_chain(&e),
-            "failed to list: client error (Connect): invalid peer certificate: UnknownIssuer"
-        );
     }
 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 const MAY_USE: &[(&str, &[&str])] = &[
     // Leaves.
     ("api", &[]),
+    ("causes", &[]),
     ("device_info", &[]),
     ("duration", &[]),
     ("memory", &[]),
@@ -31,6 +32,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
         "handler",
         &[
             "api",
+            "causes",
             "cni",
             "device_info",
             "duration",
@@ -45,7 +47,14 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ),
     (
         "k8s",
-        &["device_info", "duration", "memory", "result", "selection"],
+        &[
+            "causes",
+            "device_info",
+            "duration",
+            "memory",
+            "result",
+            "selection",
+        ],
     ),
     ("selection", &["device_info", "json", "names", "netconf"]),
     (
@@ -70,6 +79,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
         &[
             "activation",
             "api",
+            "causes",
             "cni",
             "device_info",
             "duration",
@@ -87,6 +97,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
         "daemon",
         &[
             "activation",
+            "causes",
             "cni",
             "config",
             "duration",

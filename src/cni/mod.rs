@@ -28,6 +28,7 @@ pub mod exec;
 pub mod multus_cache;
 pub mod netns;
 pub mod parts;
+pub mod plan;
 pub mod show;
 pub mod state;
 

@@ -48,6 +48,7 @@ mod gc;
 mod hotplug;
 mod lock;
 mod multus;
+mod plan;
 mod recover;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,1 @@
+//! Carrying out a [`crate::cni::plan`]: the steps of one ADD.

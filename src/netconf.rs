@@ -267,141 +267,41 @@ impl NetworkList {
 
     /// Builds a list from a parsed document (see [`NetworkList::parse`]).
     pub fn from_value(file: &Path, value: Value, single: bool) -> Result<Self, ConfigError> {
-        let field = |key: &str, why: String| ConfigError::Field {
-            file: file.to_path_buf(),
-            key: key.to_string(),
-            why,
-        };
         let Value::Object(obj) = value else {
             return Err(ConfigError::File {
                 file: file.to_path_buf(),
                 why: "the top level must be a JSON object".into(),
             });
         };
-        let name = match obj.get("name") {
-            Some(Value::String(s)) if is_valid_name(s) => s.clone(),
-            Some(Value::String(s)) if s.is_empty() => {
-                return Err(field("name", "missing network name".into()))
-            }
-            Some(Value::String(s)) => {
-                return Err(field(
-                    "name",
-                    format!("invalid characters found in network name {s:?}"),
-                ))
-            }
-            None | Some(Value::Null) => return Err(field("name", "missing network name".into())),
-            Some(other) => return Err(field("name", format!("must be a string, found {other}"))),
-        };
-        let cni_version = match obj.get("cniVersion") {
-            Some(Value::String(s)) if result::compare(s, s).is_some() => s.clone(),
-            Some(Value::String(s)) => {
-                return Err(field("cniVersion", format!("not a version: {s:?}")))
-            }
-            None | Some(Value::Null) => {
-                return Err(field("cniVersion", "missing; set e.g. \"1.0.0\"".into()))
-            }
-            Some(other) => {
-                return Err(field(
-                    "cniVersion",
-                    format!("must be a string, found {other}"),
-                ))
-            }
-        };
-        let mut cni_versions = Vec::new();
-        match obj.get("cniVersions") {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(items)) => {
-                for v in items {
-                    match v {
-                        Value::String(s) if result::compare(s, s).is_some() => {
-                            cni_versions.push(s.clone())
-                        }
-                        other => {
-                            return Err(field("cniVersions", format!("not a version: {other}")))
-                        }
-                    }
-                }
-            }
-            Some(other) => {
-                return Err(field(
-                    "cniVersions",
-                    format!("must be a list of version strings, found {other}"),
-                ))
-            }
-        }
-        let flag = |key: &str| -> Result<bool, ConfigError> {
-            match obj.get(key) {
-                None | Some(Value::Null) => Ok(false),
-                Some(Value::Bool(b)) => Ok(*b),
-                Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
-                Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
-                Some(other) => Err(field(key, format!("must be true or false, found {other}"))),
-            }
-        };
-        let disable_check = flag("disableCheck")?;
-        let disable_gc = flag("disableGC")?;
-        let plugins = if single && !obj.contains_key("plugins") {
+        Self::from_object(&obj, single).map_err(|bad| ConfigError::Field {
+            file: file.to_path_buf(),
+            key: bad.key,
+            why: bad.why,
+        })
+    }
+
+    /// Builds a list from the top-level object, key by key in the order
+    /// they are checked: the first bad one is reported.
+    fn from_object(obj: &Map<String, Value>, single: bool) -> Result<Self, BadKey> {
+        let name = list_name(obj.get("name"))?;
+        let cni_version = list_version(obj.get("cniVersion"))?;
+        let cni_versions = more_versions(obj.get("cniVersions"))?;
+        let disable_check = flag(obj, "disableCheck")?;
+        let disable_gc = flag(obj, "disableGC")?;
+        // A single-plugin file is its own one plugin.
+        let inline = single && !obj.contains_key("plugins");
+        let plugins = if inline {
             vec![obj.clone()]
         } else {
-            match obj.get("plugins") {
-                Some(Value::Array(items)) if !items.is_empty() => {
-                    let mut out = Vec::with_capacity(items.len());
-                    for (i, p) in items.iter().enumerate() {
-                        match p {
-                            Value::Object(m) => out.push(m.clone()),
-                            other => {
-                                return Err(field(
-                                    &format!("plugins[{i}]"),
-                                    format!("must be an object, found {other}"),
-                                ))
-                            }
-                        }
-                    }
-                    out
-                }
-                Some(Value::Array(_)) => {
-                    return Err(field("plugins", "must list at least one plugin".into()))
-                }
-                None | Some(Value::Null) => {
-                    return Err(field(
-                        "plugins",
-                        "missing: a .conflist needs a plugins list".into(),
-                    ))
-                }
-                Some(other) => {
-                    return Err(field("plugins", format!("must be a list, found {other}")))
-                }
-            }
+            plugin_objects(obj.get("plugins"))?
         };
         for (i, p) in plugins.iter().enumerate() {
-            let key = if single && !obj.contains_key("plugins") {
+            let key = if inline {
                 "type".to_string()
             } else {
                 format!("plugins[{i}].type")
             };
-            match p.get("type") {
-                Some(Value::String(t)) if SHIM_TYPES.contains(&t.as_str()) => {
-                    return Err(field(
-                        &key,
-                        format!(
-                            "{t:?} is a thick-plugin shim, not a delegate: running it would make the daemon call itself"
-                        ),
-                    ))
-                }
-                Some(Value::String(t))
-                    if !t.is_empty() && !t.contains('/') && t != "." && t != ".." => {}
-                Some(Value::String(t)) if t.is_empty() => {
-                    return Err(field(&key, "must not be empty".into()))
-                }
-                Some(Value::String(t)) => {
-                    return Err(field(
-                        &key,
-                        format!("must be a plugin name, not a path: {t:?}"),
-                    ))
-                }
-                None | Some(Value::Null) => return Err(field(&key, "missing plugin type".into())),
-                Some(other) => return Err(field(&key, format!("must be a string, found {other}"))),
-            }
+            check_plugin_type(key, p.get("type"))?;
         }
         Ok(Self {
             name,
@@ -467,6 +367,121 @@ impl NetworkList {
     /// The version libcni would pick: the newest candidate.
     pub fn version(&self) -> Option<String> {
         self.candidate_versions().into_iter().next()
+    }
+}
+
+/// A bad key of a network configuration, before the file is named.
+struct BadKey {
+    key: String,
+    why: String,
+}
+
+fn bad(key: impl Into<String>, why: impl Into<String>) -> BadKey {
+    BadKey {
+        key: key.into(),
+        why: why.into(),
+    }
+}
+
+/// `name`: a valid network name.
+fn list_name(found: Option<&Value>) -> Result<String, BadKey> {
+    match found {
+        Some(Value::String(s)) if is_valid_name(s) => Ok(s.clone()),
+        Some(Value::String(s)) if s.is_empty() => Err(bad("name", "missing network name")),
+        Some(Value::String(s)) => Err(bad(
+            "name",
+            format!("invalid characters found in network name {s:?}"),
+        )),
+        None | Some(Value::Null) => Err(bad("name", "missing network name")),
+        Some(other) => Err(bad("name", format!("must be a string, found {other}"))),
+    }
+}
+
+/// `cniVersion`: a version string, required.
+fn list_version(found: Option<&Value>) -> Result<String, BadKey> {
+    match found {
+        Some(Value::String(s)) if result::compare(s, s).is_some() => Ok(s.clone()),
+        Some(Value::String(s)) => Err(bad("cniVersion", format!("not a version: {s:?}"))),
+        None | Some(Value::Null) => Err(bad("cniVersion", "missing; set e.g. \"1.0.0\"")),
+        Some(other) => Err(bad(
+            "cniVersion",
+            format!("must be a string, found {other}"),
+        )),
+    }
+}
+
+/// `cniVersions` (CNI 1.1.0): a list of version strings, optional.
+fn more_versions(found: Option<&Value>) -> Result<Vec<String>, BadKey> {
+    match found {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| match v {
+                Value::String(s) if result::compare(s, s).is_some() => Ok(s.clone()),
+                other => Err(bad("cniVersions", format!("not a version: {other}"))),
+            })
+            .collect(),
+        Some(other) => Err(bad(
+            "cniVersions",
+            format!("must be a list of version strings, found {other}"),
+        )),
+    }
+}
+
+/// A boolean key such as `disableCheck`: false when absent; the strings
+/// "true" and "false" (any case) count too.
+fn flag(obj: &Map<String, Value>, key: &str) -> Result<bool, BadKey> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
+        Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
+        Some(other) => Err(bad(key, format!("must be true or false, found {other}"))),
+    }
+}
+
+/// `plugins` of a conflist: a non-empty list of objects.
+fn plugin_objects(found: Option<&Value>) -> Result<Vec<Map<String, Value>>, BadKey> {
+    match found {
+        Some(Value::Array(items)) if !items.is_empty() => items
+            .iter()
+            .enumerate()
+            .map(|(i, p)| match p {
+                Value::Object(m) => Ok(m.clone()),
+                other => Err(bad(
+                    format!("plugins[{i}]"),
+                    format!("must be an object, found {other}"),
+                )),
+            })
+            .collect(),
+        Some(Value::Array(_)) => Err(bad("plugins", "must list at least one plugin")),
+        None | Some(Value::Null) => {
+            Err(bad("plugins", "missing: a .conflist needs a plugins list"))
+        }
+        Some(other) => Err(bad("plugins", format!("must be a list, found {other}"))),
+    }
+}
+
+/// A plugin's `type` (named `key` in errors): a plugin name (no path),
+/// and not a thick-plugin shim.
+fn check_plugin_type(key: String, found: Option<&Value>) -> Result<(), BadKey> {
+    match found {
+        Some(Value::String(t)) if SHIM_TYPES.contains(&t.as_str()) => Err(bad(
+            key,
+            format!(
+                "{t:?} is a thick-plugin shim, not a delegate: running it would make the daemon call itself"
+            ),
+        )),
+        Some(Value::String(t)) if !t.is_empty() && !t.contains('/') && t != "." && t != ".." => {
+            Ok(())
+        }
+        Some(Value::String(t)) if t.is_empty() => Err(bad(key, "must not be empty")),
+        Some(Value::String(t)) => Err(bad(
+            key,
+            format!("must be a plugin name, not a path: {t:?}"),
+        )),
+        None | Some(Value::Null) => Err(bad(key, "missing plugin type")),
+        Some(other) => Err(bad(key, format!("must be a string, found {other}"))),
     }
 }
 

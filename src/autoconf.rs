@@ -190,83 +190,130 @@ impl Settings {
     /// directories are taken relative to the file's directory, as
     /// everywhere in the daemon configuration.
     pub fn from_json(file: &Path, text: &[u8]) -> Result<Self, Error> {
-        let bad = |key: &str, why: String| Error::Config {
-            file: file.to_path_buf(),
-            key: key.to_string(),
-            why,
-        };
-        let obj = match serde_json::from_slice::<Value>(text) {
-            Ok(Value::Object(obj)) => obj,
-            Ok(_) => return Err(bad("", "the top level must be a JSON object".into())),
-            Err(e) => return Err(bad("", format!("not valid JSON: {e}"))),
-        };
-        let string = |key: &str| -> Result<Option<String>, Error> {
-            match obj.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::String(s)) if s.is_empty() => Ok(None),
-                Some(Value::String(s)) => Ok(Some(s.clone())),
-                Some(other) => Err(bad(key, format!("must be a string, found {other}"))),
-            }
-        };
-        let dir = |key: &str, default: &str| -> Result<PathBuf, Error> {
-            Ok(match string(key)? {
-                Some(d) => resolve(file, &d),
-                None => PathBuf::from(default),
-            })
-        };
-        let autoconfig_dir = dir("multusAutoconfigDir", DEFAULT_AUTOCONFIG_DIR)?;
-        let cni_config_dir = dir("cniConfigDir", DEFAULT_CNI_CONFIG_DIR)?;
-        let master_cni = string("multusMasterCNI")?;
+        let keys = Keys::parse(file, text)?;
+        let autoconfig_dir = keys.dir("multusAutoconfigDir", DEFAULT_AUTOCONFIG_DIR)?;
+        let cni_config_dir = keys.dir("cniConfigDir", DEFAULT_CNI_CONFIG_DIR)?;
+        let master_cni = keys.string("multusMasterCNI")?;
         if let Some(name) = &master_cni {
             if name.contains('/') || name == "." || name == ".." {
-                return Err(bad(
+                return Err(keys.bad(
                     "multusMasterCNI",
                     format!("{name:?} must be a file name in multusAutoconfigDir"),
                 ));
             }
         }
-        let cni_version = string("cniVersion")?;
+        let cni_version = keys.string("cniVersion")?;
         if let Some(v) = &cni_version {
             if result::compare(v, v).is_none() {
-                return Err(bad(
+                return Err(keys.bad(
                     "cniVersion",
                     format!("{v:?} is not a version such as \"1.0.0\""),
                 ));
             }
         }
-        let override_network_name = match obj.get("overrideNetworkName") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(other) => {
-                return Err(bad(
-                    "overrideNetworkName",
-                    format!("must be true or false, found {other}"),
-                ))
-            }
+        Ok(Settings {
+            autoconfig_dir,
+            cni_config_dir,
+            master_cni,
+            cni_version,
+            override_network_name: keys.flag("overrideNetworkName")?,
+            capabilities: keys.capabilities()?,
+            readiness_file: keys
+                .string("readinessindicatorfile")?
+                .map(|p| resolve(file, &p)),
+            copied: keys.copied()?,
+        })
+    }
+
+    /// `<cniConfigDir>/00-plexus.conf`.
+    pub fn output_path(&self) -> PathBuf {
+        self.cni_config_dir.join(OUTPUT_NAME)
+    }
+}
+
+/// The top-level object of a daemon configuration file, read key by key.
+struct Keys<'a> {
+    file: &'a Path,
+    obj: Map<String, Value>,
+}
+
+impl<'a> Keys<'a> {
+    /// The JSON text of `file`, which must be an object.
+    fn parse(file: &'a Path, text: &[u8]) -> Result<Self, Error> {
+        let no_object = |why: String| Error::Config {
+            file: file.to_path_buf(),
+            key: String::new(),
+            why,
         };
-        let capabilities = match obj.get("capabilities") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(caps)) => {
-                if let Some((k, v)) = caps.iter().find(|(_, v)| !v.is_boolean()) {
-                    return Err(bad(
-                        "capabilities",
-                        format!("{k:?} must be true or false, found {v}"),
-                    ));
-                }
-                caps.clone()
-            }
-            Some(other) => {
-                return Err(bad(
+        match serde_json::from_slice::<Value>(text) {
+            Ok(Value::Object(obj)) => Ok(Keys { file, obj }),
+            Ok(_) => Err(no_object("the top level must be a JSON object".into())),
+            Err(e) => Err(no_object(format!("not valid JSON: {e}"))),
+        }
+    }
+
+    /// The error for a bad `key`.
+    fn bad(&self, key: &str, why: String) -> Error {
+        Error::Config {
+            file: self.file.to_path_buf(),
+            key: key.to_string(),
+            why,
+        }
+    }
+
+    /// A string key; `None` when absent, null or empty.
+    fn string(&self, key: &str) -> Result<Option<String>, Error> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if s.is_empty() => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(self.bad(key, format!("must be a string, found {other}"))),
+        }
+    }
+
+    /// A directory key, relative to the file's directory; `default` when
+    /// not set.
+    fn dir(&self, key: &str, default: &str) -> Result<PathBuf, Error> {
+        Ok(match self.string(key)? {
+            Some(d) => resolve(self.file, &d),
+            None => PathBuf::from(default),
+        })
+    }
+
+    /// A true/false key; false when absent or null.
+    fn flag(&self, key: &str) -> Result<bool, Error> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(self.bad(key, format!("must be true or false, found {other}"))),
+        }
+    }
+
+    /// `capabilities`: an object of true/false values.
+    fn capabilities(&self) -> Result<Map<String, Value>, Error> {
+        match self.obj.get("capabilities") {
+            None | Some(Value::Null) => Ok(Map::new()),
+            Some(Value::Object(caps)) => match caps.iter().find(|(_, v)| !v.is_boolean()) {
+                Some((k, v)) => Err(self.bad(
                     "capabilities",
-                    format!("must be an object of true/false values, found {other}"),
-                ))
-            }
-        };
-        let readiness_file = string("readinessindicatorfile")?.map(|p| resolve(file, &p));
+                    format!("{k:?} must be true or false, found {v}"),
+                )),
+                None => Ok(caps.clone()),
+            },
+            Some(other) => Err(self.bad(
+                "capabilities",
+                format!("must be an object of true/false values, found {other}"),
+            )),
+        }
+    }
+
+    /// The [`COPIED`] keys that are set, each checked for its JSON type.
+    /// Empty strings and false are left out, as multus leaves them out.
+    fn copied(&self) -> Result<Map<String, Value>, Error> {
         let mut copied = Map::new();
         for &(key, kind) in COPIED {
-            let Some(v) = obj.get(key) else { continue };
-            let ok = match (kind, v) {
+            let Some(v) = self.obj.get(key) else { continue };
+            let set = match (kind, v) {
                 (_, Value::Null) => continue,
                 (Kind::String, Value::String(s)) => !s.is_empty(),
                 (Kind::Bool, Value::Bool(b)) => *b,
@@ -277,29 +324,14 @@ impl Settings {
                         Kind::Bool => "true or false",
                         Kind::Object => "an object",
                     };
-                    return Err(bad(key, format!("must be {want}, found {v}")));
+                    return Err(self.bad(key, format!("must be {want}, found {v}")));
                 }
             };
-            // Empty strings and false are left out, as multus leaves them out.
-            if ok {
+            if set {
                 copied.insert(key.to_string(), v.clone());
             }
         }
-        Ok(Settings {
-            autoconfig_dir,
-            cni_config_dir,
-            master_cni,
-            cni_version,
-            override_network_name,
-            capabilities,
-            readiness_file,
-            copied,
-        })
-    }
-
-    /// `<cniConfigDir>/00-plexus.conf`.
-    pub fn output_path(&self) -> PathBuf {
-        self.cni_config_dir.join(OUTPUT_NAME)
+        Ok(copied)
     }
 }
 
@@ -429,68 +461,9 @@ pub fn find_primary(settings: &Settings) -> Result<Primary, Error> {
 /// `00-multus.conf`, empty values left out except `cniVersion`, `name` and
 /// `type`, and no final newline (multus writes none).
 pub fn render(settings: &Settings, primary: &Primary) -> Result<Vec<u8>, Error> {
-    let primary_error = |why: String| Error::Primary {
-        path: primary.path.clone(),
-        why,
-    };
-    let primary_version = match primary.config.get("cniVersion") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(v)) => Some(v.as_str()),
-        Some(other) => return Err(primary_error(format!("cniVersion {other} is not a string"))),
-    };
-    let version = match (&settings.cni_version, primary_version) {
-        (Some(ours), _) => ours.clone(),
-        (None, Some(theirs)) if result::compare(theirs, theirs).is_some() => theirs.to_string(),
-        (None, Some(theirs)) => {
-            return Err(primary_error(format!(
-                "cniVersion {theirs:?} is not a version such as \"1.0.0\""
-            )))
-        }
-        (None, None) => {
-            return Err(primary_error(
-                "it has no cniVersion, and neither has the daemon configuration".into(),
-            ))
-        }
-    };
-    // multus's check: from 0.4.0 on, the primary must be 0.4.0 or newer.
-    if result::compare(&version, "0.4.0").is_some_and(|o| o.is_ge()) {
-        let new_enough = primary_version
-            .and_then(|v| result::compare(v, "0.4.0"))
-            .is_some_and(|o| o.is_ge());
-        if !new_enough {
-            return Err(primary_error(format!(
-                "its cniVersion {} is older than 0.4.0 while the generated file's is {version}",
-                primary_version.unwrap_or("(none)")
-            )));
-        }
-    }
-    let name = if settings.override_network_name {
-        match primary.config.get("name").and_then(Value::as_str) {
-            Some(n) if !n.is_empty() => n.to_string(),
-            _ => {
-                return Err(primary_error(
-                    "it has no name, which overrideNetworkName asks for".into(),
-                ))
-            }
-        }
-    } else {
-        DEFAULT_NETWORK_NAME.to_string()
-    };
-    let mut capabilities = settings.capabilities.clone();
-    let mut add = |caps: Option<&Value>| {
-        if let Some(Value::Object(caps)) = caps {
-            for (k, v) in caps {
-                if v == &Value::Bool(true) {
-                    capabilities.insert(k.clone(), Value::Bool(true));
-                }
-            }
-        }
-    };
-    match primary.config.get("plugins") {
-        Some(Value::Array(plugins)) => plugins.iter().for_each(|p| add(p.get("capabilities"))),
-        _ => add(primary.config.get("capabilities")),
-    }
-
+    let version = generated_version(settings, primary)?;
+    let name = network_name(settings, primary)?;
+    let capabilities = capabilities(settings, primary);
     let copied = |key: &str| settings.copied.get(key).cloned();
     let fields: Vec<(&str, Option<Value>)> = vec![
         ("binDir", copied("binDir")),
@@ -519,6 +492,89 @@ pub fn render(settings: &Settings, primary: &Primary) -> Result<Vec<u8>, Error> 
             settings.override_network_name.then_some(Value::Bool(true)),
         ),
     ];
+    Ok(compact_object(fields))
+}
+
+impl Primary {
+    /// The error for something wrong with the primary configuration.
+    fn error(&self, why: String) -> Error {
+        Error::Primary {
+            path: self.path.clone(),
+            why,
+        }
+    }
+}
+
+/// The generated file's `cniVersion`: the daemon configuration's, else the
+/// primary's. From 0.4.0 on, the primary must be 0.4.0 or newer (multus's
+/// check).
+fn generated_version(settings: &Settings, primary: &Primary) -> Result<String, Error> {
+    let primary_version = match primary.config.get("cniVersion") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(v)) => Some(v.as_str()),
+        Some(other) => return Err(primary.error(format!("cniVersion {other} is not a string"))),
+    };
+    let version = match (&settings.cni_version, primary_version) {
+        (Some(ours), _) => ours.clone(),
+        (None, Some(theirs)) if result::compare(theirs, theirs).is_some() => theirs.to_string(),
+        (None, Some(theirs)) => {
+            return Err(primary.error(format!(
+                "cniVersion {theirs:?} is not a version such as \"1.0.0\""
+            )))
+        }
+        (None, None) => {
+            return Err(primary
+                .error("it has no cniVersion, and neither has the daemon configuration".into()))
+        }
+    };
+    if result::compare(&version, "0.4.0").is_some_and(|o| o.is_ge()) {
+        let new_enough = primary_version
+            .and_then(|v| result::compare(v, "0.4.0"))
+            .is_some_and(|o| o.is_ge());
+        if !new_enough {
+            return Err(primary.error(format!(
+                "its cniVersion {} is older than 0.4.0 while the generated file's is {version}",
+                primary_version.unwrap_or("(none)")
+            )));
+        }
+    }
+    Ok(version)
+}
+
+/// The generated network's name: multus's, or the primary's when
+/// `overrideNetworkName` asks for it.
+fn network_name(settings: &Settings, primary: &Primary) -> Result<String, Error> {
+    if !settings.override_network_name {
+        return Ok(DEFAULT_NETWORK_NAME.to_string());
+    }
+    match primary.config.get("name").and_then(Value::as_str) {
+        Some(n) if !n.is_empty() => Ok(n.to_string()),
+        _ => Err(primary.error("it has no name, which overrideNetworkName asks for".into())),
+    }
+}
+
+/// The daemon configuration's `capabilities` plus every capability the
+/// primary (each of its plugins, for a list) enables.
+fn capabilities(settings: &Settings, primary: &Primary) -> Map<String, Value> {
+    let mut capabilities = settings.capabilities.clone();
+    let mut add = |caps: Option<&Value>| {
+        if let Some(Value::Object(caps)) = caps {
+            for (k, v) in caps {
+                if v == &Value::Bool(true) {
+                    capabilities.insert(k.clone(), Value::Bool(true));
+                }
+            }
+        }
+    };
+    match primary.config.get("plugins") {
+        Some(Value::Array(plugins)) => plugins.iter().for_each(|p| add(p.get("capabilities"))),
+        _ => add(primary.config.get("capabilities")),
+    }
+    capabilities
+}
+
+/// A compact JSON object of the fields that have a value, in their order.
+fn compact_object(fields: Vec<(&str, Option<Value>)>) -> Vec<u8> {
     let mut out = String::from("{");
     for (key, value) in fields {
         let Some(value) = value else { continue };
@@ -530,7 +586,7 @@ pub fn render(settings: &Settings, primary: &Primary) -> Result<Vec<u8>, Error> 
         out.push_str(&value.to_string());
     }
     out.push('}');
-    Ok(out.into_bytes())
+    out.into_bytes()
 }
 
 /// Replaces `path` with `bytes` unless it already holds exactly them:

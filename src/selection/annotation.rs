@@ -464,84 +464,132 @@ fn parse_element(
         let Some(canon) = canonical_key(key) else {
             continue;
         };
-        let string = || -> Result<String, Problem> {
-            match v {
-                Value::Null => Ok(String::new()),
-                Value::String(s) => Ok(s.clone()),
-                other => Err(bad(
-                    key,
-                    format!("must be a string, found {}", crate::json::kind(other)),
-                )),
-            }
+        let value = KeyValue {
+            key,
+            value: v,
+            bad: &bad,
         };
         match canon {
-            "name" => s.name = string()?,
-            "namespace" => s.namespace = string()?,
-            "interface" => s.interface = Some(string()?).filter(|i| !i.is_empty()),
-            "interfaceRequest" => interface_request = Some(string()?).filter(|i| !i.is_empty()),
-            "mac" => s.mac = Some(string()?).filter(|i| !i.is_empty()),
-            "infiniband-guid" => s.infiniband_guid = Some(string()?).filter(|i| !i.is_empty()),
-            "deviceID" => s.device_id = Some(string()?).filter(|i| !i.is_empty()),
-            "ips" => s.ips = string_list(v).map_err(|why| bad(key, why))?,
-            "default-route" if !v.is_null() => {
-                let list = string_list(v).map_err(|why| bad(key, why))?;
-                let mut ips = Vec::with_capacity(list.len());
-                for gw in list {
-                    ips.push(
-                        gw.parse::<IpAddr>()
-                            .map_err(|_| bad(key, format!("invalid IP address {}", shown(&gw))))?,
-                    );
-                }
-                s.default_route = Some(ips);
-            }
-            "cni-args" => match v {
-                Value::Null => {}
-                Value::Object(m) => s.cni_args = Some(m.clone()),
-                other => {
-                    return Err(bad(
-                        key,
-                        format!("must be an object, found {}", crate::json::kind(other)),
-                    ))
-                }
-            },
-            "bandwidth" => match v {
-                Value::Null => {}
-                Value::Object(m) => {
-                    s.bandwidth = Some(parse_bandwidth(m).map_err(|why| bad(key, why))?)
-                }
-                other => {
-                    return Err(bad(
-                        key,
-                        format!("must be an object, found {}", crate::json::kind(other)),
-                    ))
-                }
-            },
-            "portMappings" => match v {
-                Value::Null => {}
-                Value::Array(items) => {
-                    let mut out = Vec::with_capacity(items.len());
-                    for (i, p) in items.iter().enumerate() {
-                        out.push(
-                            parse_port_mapping(p)
-                                .map_err(|why| bad(&format!("{key}[{i}]"), why))?,
-                        );
-                    }
-                    s.port_mappings = Some(out);
-                }
-                other => {
-                    return Err(bad(
-                        key,
-                        format!("must be a list, found {}", crate::json::kind(other)),
-                    ))
-                }
-            },
-            _ => {}
+            "interfaceRequest" => interface_request = value.non_empty_string()?,
+            _ => set_field(&mut s, canon, value)?,
         }
     }
     if s.interface.is_none() {
         s.interface = interface_request;
     }
     finish(index, s, default_namespace)
+}
+
+/// One key of a selection element as written, its value, and how an error
+/// about it is reported.
+#[derive(Clone, Copy)]
+struct KeyValue<'a> {
+    key: &'a str,
+    value: &'a Value,
+    bad: &'a dyn Fn(&str, String) -> Problem,
+}
+
+impl KeyValue<'_> {
+    /// The error for a bad value of this key.
+    fn bad(&self, why: String) -> Problem {
+        (self.bad)(self.key, why)
+    }
+
+    /// A string; null is empty.
+    fn string(&self) -> Result<String, Problem> {
+        match self.value {
+            Value::Null => Ok(String::new()),
+            Value::String(s) => Ok(s.clone()),
+            other => Err(self.bad(format!(
+                "must be a string, found {}",
+                crate::json::kind(other)
+            ))),
+        }
+    }
+
+    /// A string; null and empty are `None`.
+    fn non_empty_string(&self) -> Result<Option<String>, Problem> {
+        Ok(Some(self.string()?).filter(|s| !s.is_empty()))
+    }
+
+    /// An object; `None` for null.
+    fn object(&self) -> Result<Option<&Map<String, Value>>, Problem> {
+        match self.value {
+            Value::Null => Ok(None),
+            Value::Object(m) => Ok(Some(m)),
+            other => Err(self.bad(format!(
+                "must be an object, found {}",
+                crate::json::kind(other)
+            ))),
+        }
+    }
+
+    /// A list of IP addresses (`default-route`).
+    fn addresses(&self) -> Result<Vec<IpAddr>, Problem> {
+        string_list(self.value)
+            .map_err(|why| self.bad(why))?
+            .iter()
+            .map(|gw| {
+                gw.parse::<IpAddr>()
+                    .map_err(|_| self.bad(format!("invalid IP address {}", shown(gw))))
+            })
+            .collect()
+    }
+
+    /// A list of port mappings; `None` for null. A bad mapping is reported
+    /// under `<key>[<i>]`.
+    fn port_mappings(&self) -> Result<Option<Vec<PortMapping>>, Problem> {
+        let items = match self.value {
+            Value::Null => return Ok(None),
+            Value::Array(items) => items,
+            other => {
+                return Err(self.bad(format!(
+                    "must be a list, found {}",
+                    crate::json::kind(other)
+                )))
+            }
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                parse_port_mapping(p).map_err(|why| (self.bad)(&format!("{}[{i}]", self.key), why))
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
+}
+
+/// Sets the field of `s` that the element key multus spells `canon` names;
+/// a null leaves an object or list field as it was.
+fn set_field(s: &mut Selection, canon: &str, value: KeyValue<'_>) -> Result<(), Problem> {
+    match canon {
+        "name" => s.name = value.string()?,
+        "namespace" => s.namespace = value.string()?,
+        "interface" => s.interface = value.non_empty_string()?,
+        "mac" => s.mac = value.non_empty_string()?,
+        "infiniband-guid" => s.infiniband_guid = value.non_empty_string()?,
+        "deviceID" => s.device_id = value.non_empty_string()?,
+        "ips" => s.ips = string_list(value.value).map_err(|why| value.bad(why))?,
+        "default-route" if !value.value.is_null() => s.default_route = Some(value.addresses()?),
+        "cni-args" => {
+            if let Some(m) = value.object()? {
+                s.cni_args = Some(m.clone());
+            }
+        }
+        "bandwidth" => {
+            if let Some(m) = value.object()? {
+                s.bandwidth = Some(parse_bandwidth(m).map_err(|why| value.bad(why))?);
+            }
+        }
+        "portMappings" => {
+            if let Some(mappings) = value.port_mappings()? {
+                s.port_mappings = Some(mappings);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The checks multus runs after parsing either form, and Plexus's name

@@ -7,7 +7,8 @@
 //! interface of the same name as `CNI_IFNAME`. The host's namespace is the
 //! daemon's own (`/proc/self/ns/net`) and PID 1's (`/proc/1/ns/net`);
 //! namespaces are told apart by (st_dev, st_ino) of their nsfs files, so a
-//! bind mount or a symbolic link of either is recognised too.
+//! bind mount or a symbolic link of either is recognised too. PID 1's is
+//! examined once per process, by the first check.
 //!
 //! Blocking: call [`check`] on the blocking pool.
 
@@ -18,6 +19,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::OnceLock;
 
 /// `f_type` of nsfs, the file system of namespace files (linux/magic.h).
 pub const NSFS_MAGIC: i64 = 0x6e73_6673;
@@ -134,29 +136,24 @@ pub fn check(path: &str, may_be_gone: bool) -> Result<Found, Error> {
     }
     let meta = file.metadata().map_err(io_err("fstat"))?;
     let id = (meta.dev(), meta.ino());
-    for (reference, whose) in [(SELF_NETNS, "plexusd"), (INIT_NETNS, "PID 1")] {
-        let host = match std::fs::metadata(reference) {
-            Ok(m) => m,
-            // PID 1 can be out of sight (a pid namespace, ptrace rules);
-            // plexusd's own namespace, the host's in any real setup, still
-            // is checked. Anything else fails closed.
-            Err(e) if reference == INIT_NETNS && is_hidden(&e) => {
-                warn_once_hidden(&e);
-                continue;
-            }
-            Err(source) => {
-                return Err(Error::Io {
-                    path: path.to_string(),
-                    what: if reference == SELF_NETNS {
-                        "stat of /proc/self/ns/net (the host's namespace)"
-                    } else {
-                        "stat of /proc/1/ns/net (the host's namespace)"
-                    },
-                    source,
-                })
-            }
-        };
-        if (host.dev(), host.ino()) == id {
+    let own = std::fs::metadata(SELF_NETNS).map_err(|source| Error::Io {
+        path: path.to_string(),
+        what: "stat of /proc/self/ns/net (the host's namespace)",
+        source,
+    })?;
+    // PID 1 can be out of sight (a pid namespace, ptrace rules); plexusd's
+    // own namespace, the host's in any real setup, still is checked.
+    // Anything else fails closed.
+    let init = INIT.id(examine_init).map_err(|source| Error::Io {
+        path: path.to_string(),
+        what: "stat of /proc/1/ns/net (the host's namespace)",
+        source,
+    })?;
+    for (host, reference, whose) in [
+        (Some((own.dev(), own.ino())), SELF_NETNS, "plexusd"),
+        (init, INIT_NETNS, "PID 1"),
+    ] {
+        if host == Some(id) {
             return Err(Error::Host {
                 path: path.to_string(),
                 whose,
@@ -167,6 +164,54 @@ pub fn check(path: &str, may_be_gone: bool) -> Result<Found, Error> {
     Ok(Found::Namespace)
 }
 
+/// A namespace file's identity: (st_dev, st_ino).
+type NsId = (u64, u64);
+
+/// PID 1's network namespace, as the whole process sees it.
+static INIT: InitNetns = InitNetns::new();
+
+/// What is known of PID 1's network namespace: examined until the answer
+/// is its identity or that it is out of sight, then kept, as neither
+/// changes while PID 1 lives. So a PID 1 out of sight is warned about once
+/// per process, not on every call.
+struct InitNetns(OnceLock<Option<NsId>>);
+
+impl InitNetns {
+    const fn new() -> Self {
+        Self(OnceLock::new())
+    }
+
+    /// The identity of PID 1's network namespace, `None` when it is out of
+    /// sight (warned about once). `examine` stats it while nothing is
+    /// known; an error other than "out of sight" is returned and not kept,
+    /// so the caller fails closed and the next call examines again.
+    fn id(&self, examine: impl FnOnce() -> io::Result<NsId>) -> io::Result<Option<NsId>> {
+        if let Some(known) = self.0.get() {
+            return Ok(*known);
+        }
+        let found = match examine() {
+            Ok(id) => Some(id),
+            Err(e) if is_hidden(&e) => {
+                if self.0.set(None).is_ok() {
+                    warn_hidden(&e);
+                }
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let _ = self.0.set(found);
+        // A concurrent first examination may have been kept instead.
+        Ok(self.0.get().copied().unwrap_or(found))
+    }
+}
+
+/// Stats `/proc/1/ns/net`.
+fn examine_init() -> io::Result<NsId> {
+    #[cfg(test)]
+    tests::INIT_EXAMINED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::fs::metadata(INIT_NETNS).map(|m| (m.dev(), m.ino()))
+}
+
 fn is_hidden(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -174,11 +219,15 @@ fn is_hidden(e: &io::Error) -> bool {
     )
 }
 
-fn warn_once_hidden(e: &io::Error) {
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    WARNED.call_once(|| {
-        tracing::warn!(cause = %e, "cannot examine /proc/1/ns/net: CNI_NETNS is compared with plexusd's own network namespace only");
-    });
+/// Says what a PID 1 out of sight means for the guard.
+fn warn_hidden(e: &io::Error) {
+    tracing::warn!(
+        cause = %e,
+        "cannot examine /proc/1/ns/net (PID 1's network namespace), so CNI_NETNS is compared \
+         with plexusd's own network namespace only: a call may not name that namespace, by \
+         any path, but a CNI_NETNS naming the host's namespace is refused only when it is \
+         plexusd's own, as it is when plexusd runs in the host's network namespace"
+    );
 }
 
 fn is_gone(e: &io::Error) -> bool {
@@ -237,6 +286,74 @@ fn kind_name(kind: libc::c_int) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    /// How often this process examined `/proc/1/ns/net`.
+    pub(super) static INIT_EXAMINED: AtomicUsize = AtomicUsize::new(0);
+
+    #[test]
+    fn pid_1s_namespace_should_be_examined_once_per_process() {
+        for _ in 0..12 {
+            assert!(matches!(check(SELF_NETNS, false), Err(Error::Host { .. })));
+        }
+        assert_eq!(INIT_EXAMINED.load(Ordering::Relaxed), 1);
+    }
+
+    /// A log writer into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_hidden_pid_1_should_be_examined_and_warned_about_once() {
+        let log = Captured::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let init = InitNetns::new();
+        let mut examined = 0;
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..12 {
+                let found = init.id(|| {
+                    examined += 1;
+                    Err(io::Error::from_raw_os_error(libc::EACCES))
+                });
+                assert_eq!(found.unwrap(), None);
+            }
+        });
+        assert_eq!(examined, 1);
+        let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            log.matches("cannot examine /proc/1/ns/net").count(),
+            1,
+            "{log}"
+        );
+        assert!(
+            log.contains("refused only when it is plexusd's own"),
+            "{log}"
+        );
+    }
+
+    #[test]
+    fn another_failure_to_examine_pid_1_should_fail_closed_and_be_retried() {
+        let init = InitNetns::new();
+        let e = init.id(|| Err(io::Error::from_raw_os_error(libc::EIO)));
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::EIO));
+        assert_eq!(init.id(|| Ok((1, 2))).unwrap(), Some((1, 2)));
+        assert_eq!(init.id(|| panic!("examined again")).unwrap(), Some((1, 2)));
+    }
 
     #[test]
     fn the_hosts_namespace_should_be_refused_by_any_name() {

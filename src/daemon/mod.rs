@@ -5,24 +5,31 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket, UnixListener};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::activation::{self, OwnedPath, PathState};
+use crate::activation::{self, OwnedPath};
 use crate::config::{self, Lifecycle};
 use crate::handler::Networks;
 use crate::limit::{Admission, ConnectionLimit};
 use crate::metrics::Metrics;
 use crate::notify::{self, Notifier};
-use crate::server::{self, Handler, Readiness, Shared};
+use crate::server::{self, Drained, Handler, Shared};
 use crate::{cni, k8s, logging, readiness_file};
+
+use signals::Signals;
 
 pub mod check;
 mod plugin_needs;
+mod signals;
+mod socket_path;
+mod status;
 
 /// The exit status for a configuration that is wrong (EX_CONFIG); systemd
 /// does not restart on it (`RestartPreventExitStatus=78`).
@@ -70,20 +77,8 @@ pub fn main(config: config::Config) -> Exit {
     let inherited = activation::inherited();
     // socketDir is written only when binding the socket ourselves.
     let activated = !matches!(inherited, Ok(None));
-    // Before anything is opened or created in them (the log file next).
-    if let Err(e) = config.check_paths(config::PathScope {
-        socket_dir: !activated,
-    }) {
-        eprintln!("plexusd: {e}");
-        return Exit::Config;
-    }
-    if let Err(e) = logging::init(&config.logging) {
-        eprintln!("plexusd: {:#}", anyhow::Error::from(e));
-        return Exit::Config;
-    }
-    for key in &config.unknown_keys {
-        let nearest = config::nearest_known_key(key).unwrap_or_default();
-        warn!(file = %config.path.display(), key, did_you_mean = nearest, "unknown configuration key is ignored");
+    if let Err(exit) = start_logging(&config, activated) {
+        return exit;
     }
     let inherited = match inherited {
         Ok(l) => l,
@@ -92,6 +87,68 @@ pub fn main(config: config::Config) -> Exit {
             return Exit::Config;
         }
     };
+    let (notifier, watchdog) = service_manager_from_env();
+    let runtime = match build_runtime() {
+        Ok(r) => r,
+        Err(e) => {
+            error!(cause = %e, "cannot start the async runtime");
+            return Exit::Os;
+        }
+    };
+    let _context = runtime.enter();
+    let signals_and_port = match SignalsAndMetricsPort::try_new(&config.lifecycle) {
+        Ok(p) => p,
+        Err(e) => {
+            error!("{:#}", anyhow::Error::from(e));
+            return Exit::Os;
+        }
+    };
+    let metrics = Arc::new(Metrics::new());
+    let (handler, engine) = match networks_handler(&runtime, &config, metrics.clone()) {
+        Ok(h) => h,
+        Err(exit) => return exit,
+    };
+    let reporting = Reporting {
+        notifier,
+        watchdog,
+        metrics,
+    };
+    let background = background_work(runtime.handle().clone(), handler.clone(), engine);
+    serve(
+        &runtime,
+        config,
+        inherited,
+        signals_and_port,
+        reporting,
+        handler,
+        background,
+    )
+}
+
+/// Checks the paths (before anything is opened or created in them, the
+/// log file first), starts logging, and warns of unknown keys. Its errors
+/// go to stderr: there is no log yet.
+fn start_logging(config: &config::Config, activated: bool) -> Result<(), Exit> {
+    if let Err(e) = config.check_paths(config::PathScope {
+        socket_dir: !activated,
+    }) {
+        eprintln!("plexusd: {e}");
+        return Err(Exit::Config);
+    }
+    if let Err(e) = logging::init(&config.logging) {
+        eprintln!("plexusd: {:#}", anyhow::Error::from(e));
+        return Err(Exit::Config);
+    }
+    for key in &config.unknown_keys {
+        let nearest = config::nearest_known_key(key).unwrap_or_default();
+        warn!(file = %config.path.display(), key, did_you_mean = nearest, "unknown configuration key is ignored");
+    }
+    Ok(())
+}
+
+/// The service manager's notify socket and the watchdog interval it
+/// expects, from the environment it set.
+fn service_manager_from_env() -> (Notifier, Option<Duration>) {
     let notifier = Notifier::from_env().unwrap_or_else(|e| {
         warn!(cause = %e, "NOTIFY_SOCKET is unusable; not notifying");
         Notifier::disabled()
@@ -101,7 +158,11 @@ pub fn main(config: config::Config) -> Exit {
         std::env::var(notify::ENV_WATCHDOG_PID).ok().as_deref(),
         std::process::id(),
     );
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    (notifier, watchdog)
+}
+
+fn build_runtime() -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("plexusd")
         // File work (locks, records and their fsyncs, config stats) is
@@ -113,27 +174,15 @@ pub fn main(config: config::Config) -> Exit {
         .thread_keep_alive(BLOCKING_KEEP_ALIVE)
         .worker_threads(WORKER_THREADS)
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            error!(cause = %e, "cannot start the async runtime");
-            return Exit::Os;
-        }
-    };
-    let _context = runtime.enter();
-    let prepared = match Prepared::new(&config.lifecycle) {
-        Ok(p) => p,
-        Err(e) => {
-            error!("{:#}", anyhow::Error::from(e));
-            return Exit::Os;
-        }
-    };
-    let metrics = Arc::new(Metrics::new());
-    let env = Environment {
-        notifier,
-        watchdog,
-        metrics: metrics.clone(),
-    };
+}
+
+/// The handler and its engine. Creates the state directory (blocking, on
+/// the main thread) and starts the Kubernetes watches when configured.
+fn networks_handler(
+    runtime: &tokio::runtime::Runtime,
+    config: &config::Config,
+    metrics: Arc<Metrics>,
+) -> Result<(Networks, Arc<cni::Engine>), Exit> {
     let selection = config.selection.clone();
     if !selection.base().has_networks() {
         info!(
@@ -141,40 +190,22 @@ pub fn main(config: config::Config) -> Exit {
              cluster network (clusterNetwork or delegates), as multus's 00-multus.conf does"
         );
     }
-    // Blocking, on the main thread: creates the state directory.
     let engine = match cni::Engine::new(config.cni.clone(), Some(metrics)) {
         Ok(e) => Arc::new(e),
         Err(e) => {
             error!("{e}");
-            return Exit::Os;
+            return Err(Exit::Os);
         }
     };
     // Again now that the state directory exists: one planted between the
     // first check and its creation is caught.
     if let Err(e) = config.check_paths(config::PathScope { socket_dir: false }) {
         error!("{e}");
-        return Exit::Config;
+        return Err(Exit::Config);
     }
-    // Fallible (credentials, kubeconfig), so before the socket is taken;
-    // it waits for nothing: the caches fill while the daemon serves.
-    let kubernetes = if config.kubernetes.enabled() {
-        k8s::tune_allocator_for_lists();
-        match runtime.block_on(k8s::Source::start(config.kubernetes.clone())) {
-            Ok(source) => {
-                info!(node = %config.kubernetes.node_name, "watching this node's pods and the NetworkAttachmentDefinitions");
-                Some(source)
-            }
-            Err(e) => {
-                error!("{:#}", anyhow::Error::from(e));
-                return Exit::Config;
-            }
-        }
-    } else {
-        None
-    };
-    let cleanups = engine.clone();
+    let kubernetes = start_kubernetes(runtime, &config.kubernetes)?;
     let mut handler = Networks::new(
-        engine,
+        engine.clone(),
         selection,
         kubernetes,
         config.kubernetes.sync_timeout,
@@ -184,26 +215,48 @@ pub fn main(config: config::Config) -> Exit {
         info!(path = %file.path.display(), timeout = %crate::duration::format(file.timeout), "ADD, STATUS and GC wait for the readiness indicator file");
         handler = handler.with_readiness_file(readiness_file::Indicator::watch(file.clone()));
     }
-    let check = handler.clone();
-    let rt = runtime.handle().clone();
-    serve(
-        &runtime,
-        config,
-        inherited,
-        prepared,
-        env,
-        handler,
-        move || {
-            // In the background: it runs each plugin's VERSION (warming the
-            // cache) and must not delay readiness.
-            rt.spawn(async move {
-                for problem in check.preflight().await {
-                    warn!(%problem, "network check at start-up failed; ADD will fail until this is fixed");
-                }
-            });
-            rt.spawn(retry_cleanups(cleanups));
-        },
-    )
+    Ok((handler, engine))
+}
+
+/// The watches of this node's pods and the NetworkAttachmentDefinitions,
+/// when enabled. Fallible (credentials, kubeconfig), so before the socket
+/// is taken; it waits for nothing: the caches fill while the daemon serves.
+fn start_kubernetes(
+    runtime: &tokio::runtime::Runtime,
+    config: &k8s::Config,
+) -> Result<Option<k8s::Source>, Exit> {
+    if !config.enabled() {
+        return Ok(None);
+    }
+    k8s::tune_allocator_for_lists();
+    match runtime.block_on(k8s::Source::start(config.clone())) {
+        Ok(source) => {
+            info!(node = %config.node_name, "watching this node's pods and the NetworkAttachmentDefinitions");
+            Ok(Some(source))
+        }
+        Err(e) => {
+            error!("{:#}", anyhow::Error::from(e));
+            Err(Exit::Config)
+        }
+    }
+}
+
+/// What starts once the socket is taken, in the background: the network
+/// check (it runs each plugin's VERSION, warming the cache, and must not
+/// delay readiness) and plexusd's own retries of failed DELs.
+fn background_work(
+    runtime: tokio::runtime::Handle,
+    check: Networks,
+    cleanups: Arc<cni::Engine>,
+) -> impl FnOnce() {
+    move || {
+        runtime.spawn(async move {
+            for problem in check.preflight().await {
+                warn!(%problem, "network check at start-up failed; ADD will fail until this is fixed");
+            }
+        });
+        runtime.spawn(retry_cleanups(cleanups));
+    }
 }
 
 /// plexusd's own retries of DELs that failed (docs/records.md, "Pending
@@ -226,8 +279,8 @@ fn serve<H: Handler>(
     runtime: &tokio::runtime::Runtime,
     config: config::Config,
     inherited: Option<Vec<std::os::unix::net::UnixListener>>,
-    prepared: Prepared,
-    env: Environment,
+    signals_and_port: SignalsAndMetricsPort,
+    reporting: Reporting,
     handler: H,
     after_listen: impl FnOnce(),
 ) -> Exit {
@@ -243,7 +296,7 @@ fn serve<H: Handler>(
         }
     };
     after_listen();
-    match runtime.block_on(run(config, listening, prepared, env, handler)) {
+    match runtime.block_on(run(config, listening, signals_and_port, reporting, handler)) {
         Ok(reason) => Exit::Stopped(reason),
         Err(e) => {
             error!("{e:#}");
@@ -252,9 +305,10 @@ fn serve<H: Handler>(
     }
 }
 
-/// What the daemon inherits from its environment besides the config.
+/// Where the daemon reports: the service manager (notifications, and the
+/// watchdog when it expects pings) and the metrics registry.
 #[derive(Debug)]
-struct Environment {
+struct Reporting {
     notifier: Notifier,
     /// Ping interval systemd expects (`WatchdogSec=`), if enabled.
     watchdog: Option<Duration>,
@@ -268,6 +322,36 @@ pub enum StopReason {
     Signal,
     Idle,
     TakenOver,
+}
+
+/// The stop request every part of the daemon waits on, with the reason
+/// of the first one.
+#[derive(Debug, Default)]
+struct Stop {
+    token: CancellationToken,
+    reason: OnceLock<StopReason>,
+}
+
+impl Stop {
+    /// Requests the stop; the first request's reason is the one kept.
+    fn request(&self, reason: StopReason) {
+        let _ = self.reason.set(reason);
+        self.token.cancel();
+    }
+
+    fn is_requested(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// Resolves once the stop is requested.
+    async fn requested(&self) {
+        self.token.cancelled().await
+    }
+
+    /// Why the daemon stops.
+    fn reason(&self) -> StopReason {
+        self.reason.get().copied().unwrap_or(StopReason::Signal)
+    }
 }
 
 /// Why start-up failed (before anything was served).
@@ -287,20 +371,20 @@ enum StartError {
     Register(#[source] io::Error),
 }
 
-/// What start-up sets up before the socket path is taken over: everything
-/// that can fail, so that a successor that fails leaves its predecessor
-/// serving.
+/// The signal handlers and the `metricsPort` listener: set up before the
+/// socket path is taken over, as everything that can fail is, so that a
+/// successor that fails leaves its predecessor serving.
 #[derive(Debug)]
-struct Prepared {
-    metrics: Option<TcpListener>,
+struct SignalsAndMetricsPort {
     signals: Signals,
+    metrics_port: Option<TcpListener>,
 }
 
-impl Prepared {
+impl SignalsAndMetricsPort {
     /// Binds `metricsPort` and installs the signal handlers. Must run
     /// within the runtime's context (`Runtime::enter`).
-    fn new(config: &Lifecycle) -> Result<Self, StartError> {
-        let metrics = match config.metrics_port {
+    fn try_new(config: &Lifecycle) -> Result<Self, StartError> {
+        let metrics_port = match config.metrics_port {
             Some(port) => Some(bind_metrics(SocketAddr::new(
                 config.metrics_bind_address,
                 port,
@@ -309,8 +393,11 @@ impl Prepared {
         };
         // Installed before READY=1, so a stop request right after readiness
         // is never met by the default action (termination without a drain).
-        let signals = signals().map_err(StartError::Signals)?;
-        Ok(Self { metrics, signals })
+        let signals = Signals::install().map_err(StartError::Signals)?;
+        Ok(Self {
+            signals,
+            metrics_port,
+        })
     }
 }
 
@@ -371,141 +458,72 @@ fn listen(
 async fn run<H: Handler>(
     config: config::Config,
     listening: Listening,
-    prepared: Prepared,
-    env: Environment,
+    signals_and_port: SignalsAndMetricsPort,
+    reporting: Reporting,
     handler: H,
 ) -> anyhow::Result<StopReason> {
-    let metrics = env.metrics.clone();
+    let Reporting {
+        notifier,
+        watchdog,
+        metrics,
+    } = reporting;
     let Listening { sockets, owned } = listening;
-    let drain_backlog = owned.is_some();
     let shared = Arc::new(Shared::new(
         config.server.clone(),
         handler,
         Admission::new(&config.limit, metrics.clone()),
         metrics.clone(),
     ));
-    let trigger = CancellationToken::new();
+    let stop = Arc::new(Stop::default());
     let stop_serving = CancellationToken::new();
-    let reason = Arc::new(parking_reason());
-    let connections = ConnectionLimit::new(&config.limit);
-    let grace = config.lifecycle.shutdown_timeout;
-
-    let metrics_task = prepared.metrics.map(|listener| {
+    let mut servers = Servers::new(
+        shared.clone(),
+        &config,
+        stop_serving.clone(),
+        owned.is_some(),
+    );
+    let metrics_task = signals_and_port.metrics_port.map(|listener| {
         tokio::spawn(server::serve_metrics(
             listener,
             metrics.clone(),
             stop_serving.clone(),
         ))
     });
+    servers.spawn(sockets);
 
-    let serving = tokio::spawn(server::run(
-        sockets,
-        shared.clone(),
-        connections.clone(),
-        stop_serving.clone(),
-        grace,
-        drain_backlog,
-    ));
-
-    spawn_signal_watch(prepared.signals, trigger.clone(), reason.clone());
+    // What requests the stop: a signal, a successor, idleness.
+    signals_and_port.signals.spawn_watch(stop.clone());
     let socket_name = owned
         .as_ref()
         .map(|o| o.path().display().to_string())
         .unwrap_or_else(|| "inherited from systemd".into());
     let owned = owned.map(|o| Arc::new(Mutex::new(o)));
     // Sockets put back over the path after an impostor replaced it.
-    let (restored_tx, mut restored_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (restored_tx, restored_rx) = tokio::sync::mpsc::unbounded_channel();
     if let Some(owned) = &owned {
-        spawn_takeover_watch(owned.clone(), trigger.clone(), reason.clone(), restored_tx);
+        socket_path::spawn_takeover_watch(owned.clone(), stop.clone(), restored_tx);
     }
     if let Some(idle) = config.lifecycle.idle_timeout {
-        spawn_idle_watch(idle, shared.clone(), trigger.clone(), reason.clone());
+        spawn_idle_watch(idle, shared.clone(), stop.clone());
     }
-    let notifier = Arc::new(env.notifier);
-    // Serving already (calls that can be served are), but READY=1 waits
-    // for the handler's sources, bounded by the handler; a stop request
-    // meanwhile wins.
-    if shared.handler.readiness() != Readiness::Ready {
-        let mut last = status_line(&shared);
-        if let Err(e) = notifier.status(&last) {
-            warn!(cause = %e, "cannot send STATUS= to the service manager");
-        }
-        // STATUS= stays current meanwhile: it names why the sources are
-        // not there yet (a refused certificate, 401) as soon as known.
-        let settle = shared.handler.settle();
-        tokio::pin!(settle);
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                _ = trigger.cancelled() => break,
-                _ = &mut settle => break,
-                _ = tick.tick() => {
-                    let line = status_line(&shared);
-                    if line != last {
-                        let _ = notifier.status(&line);
-                        last = line;
-                    }
-                }
-            }
-        }
-    }
-    if let Err(e) = notifier.ready(&status_line(&shared)) {
-        warn!(cause = %e, "cannot notify the service manager of readiness");
-    }
+    let notifier = Arc::new(notifier);
+    status::announce_ready(&notifier, &shared, &stop).await;
     info!(activated = owned.is_none(), socket = %socket_name, "serving");
-    let status_task = spawn_status(notifier.clone(), shared.clone(), trigger.clone());
-    let watchdog_task = env
-        .watchdog
-        .map(|interval| spawn_watchdog(notifier.clone(), interval));
+    let status_task = status::spawn_updates(notifier.clone(), shared.clone(), stop.clone());
+    let watchdog_task = watchdog.map(|interval| status::spawn_watchdog(notifier.clone(), interval));
+    servers.serve_restored(restored_rx, &stop).await;
 
-    let mut extra_serving = Vec::new();
-    loop {
-        tokio::select! {
-            _ = trigger.cancelled() => break,
-            Some(socket) = restored_rx.recv() => {
-                // The same connection cap and drain as the first socket.
-                extra_serving.push(tokio::spawn(server::run(
-                    vec![socket],
-                    shared.clone(),
-                    connections.clone(),
-                    stop_serving.clone(),
-                    grace,
-                    drain_backlog,
-                )));
-            }
-        }
-    }
-    let reason = reason.get();
+    // The drain: refuse new work, hand the socket path on, then wait
+    // (within the grace period) for connections and work to finish.
+    let reason = stop.reason();
     shared.begin_drain();
-    if let Err(e) = notifier.stopping(&format!(
-        "draining: {} in flight, {} queued",
-        metrics.in_flight.get(),
-        metrics.queued.get()
-    )) {
-        warn!(cause = %e, "cannot notify the service manager of stopping");
-    }
+    status::notify_stopping(&notifier, &metrics);
     if let Some(owned) = owned {
-        // flock + stat + unlink: off the async workers.
-        let path = socket_name.clone();
-        let released = tokio::task::spawn_blocking(move || lock_owned(&owned).release())
-            .await
-            .map_err(std::io::Error::other)
-            .and_then(|r| r);
-        match released {
-            Ok(true) => info!(path, "socket path removed"),
-            Ok(false) => info!(path, "socket path belongs to a successor; left alone"),
-            Err(e) => warn!(path, cause = %e, "cannot remove the socket path"),
-        }
+        socket_path::release(owned, socket_name).await;
     }
     stop_serving.cancel();
     status_task.abort();
-    let mut drained = serving.await?;
-    for extra in extra_serving {
-        let d = extra.await?;
-        drained.abandoned += d.abandoned;
-        // Every server counts the same CNI work.
-        drained.unfinished = drained.unfinished.max(d.unfinished);
-    }
+    let drained = servers.drained().await?;
     if let Some(t) = metrics_task {
         let _ = t.await;
     }
@@ -523,220 +541,84 @@ async fn run<H: Handler>(
     Ok(reason)
 }
 
-/// The owned path, also after a panic elsewhere (it is plain data).
-fn lock_owned(owned: &Mutex<OwnedPath>) -> std::sync::MutexGuard<'_, OwnedPath> {
-    owned.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Records the first stop reason.
-#[derive(Debug)]
-struct Reason(std::sync::OnceLock<StopReason>);
-
-impl Reason {
-    fn set(&self, r: StopReason) {
-        let _ = self.0.set(r);
-    }
-    fn get(&self) -> StopReason {
-        self.0.get().copied().unwrap_or(StopReason::Signal)
-    }
-}
-
-fn parking_reason() -> Reason {
-    Reason(std::sync::OnceLock::new())
-}
-
-fn status_line<H: Handler>(shared: &Shared<H>) -> String {
-    let counts = format!(
-        "{} served, {} in flight, {} queued",
-        shared.activity.served(),
-        shared.metrics.in_flight.get(),
-        shared.metrics.queued.get()
-    );
-    match shared.handler.readiness() {
-        Readiness::Ready => format!("serving: {counts}"),
-        Readiness::Starting(why) => format!("starting: {why}; {counts}"),
-        Readiness::Degraded(why) => format!("serving, degraded: {why}; {counts}"),
-        Readiness::NotReady(why) => format!("serving, not ready: {why}; {counts}"),
-    }
-}
-
-/// The signals plexusd handles: the ones that stop it (SIGTERM, SIGINT,
-/// SIGQUIT: a drain, then exit, the socket path released when it bound
-/// it), and the ones whose default action would kill it without a word
-/// (SIGHUP, SIGUSR1, SIGUSR2: logged and ignored).
-#[derive(Debug)]
-struct Signals {
-    stop: Vec<(&'static str, tokio::signal::unix::Signal)>,
-    ignored: Vec<(&'static str, tokio::signal::unix::Signal)>,
-}
-
-fn signals() -> std::io::Result<Signals> {
-    use tokio::signal::unix::{signal, SignalKind};
-    Ok(Signals {
-        stop: vec![
-            ("SIGTERM", signal(SignalKind::terminate())?),
-            ("SIGINT", signal(SignalKind::interrupt())?),
-            ("SIGQUIT", signal(SignalKind::quit())?),
-        ],
-        ignored: vec![
-            ("SIGHUP", signal(SignalKind::hangup())?),
-            ("SIGUSR1", signal(SignalKind::user_defined1())?),
-            ("SIGUSR2", signal(SignalKind::user_defined2())?),
-        ],
-    })
-}
-
-/// The first of `signals` to arrive (never, if there are none).
-async fn next_signal(signals: &mut [(&'static str, tokio::signal::unix::Signal)]) -> &'static str {
-    let waits = signals.iter_mut().map(|(name, s)| {
-        Box::pin(async move {
-            s.recv().await;
-            *name
-        })
-    });
-    futures_util::future::select_all(waits).await.0
-}
-
-fn spawn_signal_watch(signals: Signals, trigger: CancellationToken, reason: Arc<Reason>) {
-    let Signals {
-        mut stop,
-        mut ignored,
-    } = signals;
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                name = next_signal(&mut stop) => {
-                    if trigger.is_cancelled() {
-                        info!(signal = name, "already stopping");
-                    } else {
-                        info!(signal = name, "stop requested");
-                        reason.set(StopReason::Signal);
-                        trigger.cancel();
-                    }
-                }
-                name = next_signal(&mut ignored) => {
-                    info!(
-                        signal = name,
-                        "ignored: nothing is reloaded on a signal. Networks in confDir and \
-                         NetworkAttachmentDefinitions are read as they change; a change of \
-                         daemon-config.json takes a restart (systemctl restart plexusd: systemd \
-                         keeps the socket, so calls wait rather than fail)"
-                    );
-                }
-            }
-        }
-    });
-}
-
-/// In self-bind mode: stop when a successor renames its socket over ours.
-///
-/// Only a socket owned by root (or our own user) is a successor's. Anything
-/// else at the path is an impostor (or the path was removed): the daemon
-/// says so loudly, keeps serving, and puts a socket of its own back over
-/// the path (under the lock, so a real successor always wins); the new
-/// socket goes to `restored` to be served.
-fn spawn_takeover_watch(
-    owned: Arc<Mutex<OwnedPath>>,
-    trigger: CancellationToken,
-    reason: Arc<Reason>,
-    restored: tokio::sync::mpsc::UnboundedSender<UnixListener>,
-) {
-    tokio::spawn(async move {
-        let path = lock_owned(&owned).path().display().to_string();
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        // The last state reported, so a lasting one is logged once.
-        let mut reported = None;
-        loop {
-            tokio::select! {
-                _ = trigger.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            let state = tokio::task::spawn_blocking({
-                let owned = owned.clone();
-                move || lock_owned(&owned).probe().state()
-            })
-            .await
-            .unwrap_or(PathState::Ours);
-            match state {
-                PathState::Ours => {
-                    reported = None;
-                    continue;
-                }
-                PathState::Successor => {
-                    info!(path, "another process took over the socket path; draining");
-                    reason.set(StopReason::TakenOver);
-                    trigger.cancel();
-                    return;
-                }
-                PathState::Foreign { uid, mode, socket } if reported != Some(state) => {
-                    if socket {
-                        error!(
-                            path,
-                            uid,
-                            mode = format!("{mode:04o}"),
-                            "the socket path was replaced by a socket of another user, not by a \
-                             successor (those are root's): possible attack; not stepping down, \
-                             putting our own socket back"
-                        );
-                    } else {
-                        error!(
-                            path,
-                            uid,
-                            mode = format!("{mode:04o}"),
-                            "the socket path was replaced by something that is not a socket: \
-                             possible attack; not stepping down, and it is left alone (never \
-                             removed), so new clients cannot reach this daemon"
-                        );
-                    }
-                }
-                PathState::Missing if reported != Some(state) => {
-                    warn!(
-                        path,
-                        "the socket path was removed; putting our own socket back"
-                    );
-                }
-                PathState::Foreign { .. } | PathState::Missing => {}
-            }
-            reported = Some(state);
-            let outcome = tokio::task::spawn_blocking({
-                let owned = owned.clone();
-                move || lock_owned(&owned).restore()
-            })
-            .await;
-            match outcome {
-                Ok(Ok(Some(socket))) => match UnixListener::from_std(socket) {
-                    Ok(socket) => {
-                        info!(path, "socket path restored; serving on it again");
-                        reported = None;
-                        if restored.send(socket).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => error!(path, cause = %e, "cannot serve the restored socket"),
-                },
-                // Not a socket (left alone), or a successor came meanwhile
-                // (seen on the next tick).
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => {
-                    error!(path, cause = %anyhow::Error::from(e), "cannot restore the socket path")
-                }
-                Err(e) => error!(path, cause = %e, "cannot restore the socket path"),
-            }
-        }
-    });
-}
-
-fn spawn_idle_watch<H: Handler>(
-    idle: Duration,
+/// The servers of the daemon's sockets: the first ones, and each socket
+/// put back over the path since. They share the connection cap, the stop
+/// and the grace period.
+struct Servers<H> {
     shared: Arc<Shared<H>>,
-    trigger: CancellationToken,
-    reason: Arc<Reason>,
-) {
+    connections: ConnectionLimit,
+    /// Cancelled at the drain: stop accepting.
+    stop: CancellationToken,
+    grace: Duration,
+    /// Whether the listen backlog is served at the drain (the socket is
+    /// ours alone).
+    drain_backlog: bool,
+    running: Vec<JoinHandle<Drained>>,
+}
+
+impl<H: Handler> Servers<H> {
+    fn new(
+        shared: Arc<Shared<H>>,
+        config: &config::Config,
+        stop: CancellationToken,
+        drain_backlog: bool,
+    ) -> Self {
+        Self {
+            shared,
+            connections: ConnectionLimit::new(&config.limit),
+            stop,
+            grace: config.lifecycle.shutdown_timeout,
+            drain_backlog,
+            running: Vec::new(),
+        }
+    }
+
+    fn spawn(&mut self, sockets: Vec<UnixListener>) {
+        self.running.push(tokio::spawn(server::run(
+            sockets,
+            self.shared.clone(),
+            self.connections.clone(),
+            self.stop.clone(),
+            self.grace,
+            self.drain_backlog,
+        )));
+    }
+
+    /// Until a stop is requested: serves each socket put back over the
+    /// path, with the same connection cap and drain as the first.
+    async fn serve_restored(&mut self, mut restored: UnboundedReceiver<UnixListener>, stop: &Stop) {
+        loop {
+            tokio::select! {
+                _ = stop.requested() => break,
+                Some(socket) = restored.recv() => self.spawn(vec![socket]),
+            }
+        }
+    }
+
+    /// Waits for every server's drain (after `stop` is cancelled).
+    async fn drained(self) -> Result<Drained, JoinError> {
+        let mut drained = Drained {
+            abandoned: 0,
+            unfinished: 0,
+        };
+        for server in self.running {
+            let d = server.await?;
+            drained.abandoned += d.abandoned;
+            // Every server counts the same CNI work.
+            drained.unfinished = drained.unfinished.max(d.unfinished);
+        }
+        Ok(drained)
+    }
+}
+
+/// Requests a stop once nothing has happened for `idle`: no connection,
+/// no work (also none whose client has gone), nothing queued.
+fn spawn_idle_watch<H: Handler>(idle: Duration, shared: Arc<Shared<H>>, stop: Arc<Stop>) {
     tokio::spawn(async move {
         loop {
             let wait = idle.saturating_sub(shared.activity.idle_for());
             tokio::select! {
-                _ = trigger.cancelled() => return,
+                _ = stop.requested() => return,
                 _ = tokio::time::sleep(wait.max(Duration::from_millis(10))) => {}
             }
             // Work whose client has gone keeps the daemon busy too.
@@ -746,45 +628,9 @@ fn spawn_idle_watch<H: Handler>(
                 || shared.metrics.queued.get() > 0;
             if !busy && shared.activity.idle_for() >= idle {
                 info!(idle = ?idle, "idle; exiting until the next connection");
-                reason.set(StopReason::Idle);
-                trigger.cancel();
+                stop.request(StopReason::Idle);
                 return;
             }
         }
     });
-}
-
-fn spawn_status<H: Handler>(
-    notifier: Arc<Notifier>,
-    shared: Arc<Shared<H>>,
-    trigger: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        if !notifier.enabled() {
-            return;
-        }
-        let mut last = String::new();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                _ = trigger.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            let line = status_line(&shared);
-            if line != last {
-                let _ = notifier.status(&line);
-                last = line;
-            }
-        }
-    })
-}
-
-fn spawn_watchdog(notifier: Arc<Notifier>, interval: Duration) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval / 4);
-        loop {
-            tick.tick().await;
-            let _ = notifier.watchdog();
-        }
-    })
 }

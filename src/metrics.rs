@@ -98,122 +98,109 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut root = Registry::default();
-        let requests = Family::<RequestLabels, Counter>::default();
-        let latency = Family::<LatencyLabels, Histogram>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
-        let in_flight = Gauge::default();
-        let queued = Gauge::default();
-        let waiting_turn = Gauge::default();
-        let rejected = Family::<RejectLabels, Counter>::default();
-        let connections_open = Gauge::default();
-        let connections_limit = Gauge::default();
-        let connections_evicted = Counter::default();
-        let accept_errors = Counter::default();
-        let body_bytes = Gauge::default();
-        let multus_requests = Family::<MultusLabels, Counter>::default();
-        let plugin_calls = Family::<PluginLabels, Histogram>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
-        let cleanups_pending = Gauge::default();
-        let cleanups = Family::<CleanupLabels, Counter>::default();
-        {
-            let reg = root.sub_registry_with_prefix("plexus");
-            reg.register(
-                "cleanups_pending",
-                "Containers with an attachment whose DEL failed and that plexusd retries",
-                cleanups_pending.clone(),
-            );
-            reg.register(
-                "cleanups",
-                "Attachments whose DEL failed, by what became of them",
-                cleanups.clone(),
-            );
-            reg.register(
-                "requests",
-                "Requests answered, by endpoint, CNI command and outcome",
-                requests.clone(),
-            );
-            reg.register(
-                "request_duration_seconds",
-                "Time from a request's arrival to its answer",
-                latency.clone(),
-            );
-            reg.register(
-                "requests_in_flight",
-                "CNI operations being processed, counted until their plugins finish even when the client has gone",
-                in_flight.clone(),
-            );
-            reg.register(
-                "requests_queued",
-                "CNI requests waiting for a processing slot",
-                queued.clone(),
-            );
-            reg.register(
-                "requests_waiting_turn",
-                "CNI requests waiting, without a processing slot, for another call for the same container (or GC) to finish",
-                waiting_turn.clone(),
-            );
-            reg.register(
-                "requests_rejected",
-                "Requests turned away, by reason",
-                rejected.clone(),
-            );
-            reg.register(
-                "connections_open",
-                "Client connections currently open",
-                connections_open.clone(),
-            );
-            reg.register(
-                "connections_limit",
-                "Client connections served at most at once (maxConnections, lowered to fit the descriptor limit)",
-                connections_limit.clone(),
-            );
-            reg.register(
-                "connections_evicted",
-                "Connections closed before sending a request, to make room at the connection cap",
-                connections_evicted.clone(),
-            );
-            reg.register(
-                "accept_errors",
-                "Failed accept() calls on the listening sockets",
-                accept_errors.clone(),
-            );
-            reg.register(
-                "request_body_bytes",
-                "Bytes of request bodies held between their reading and the start of their work",
-                body_bytes.clone(),
-            );
-            reg.register(
-                "plugin_duration_seconds",
-                "Run time of each CNI plugin call, by plugin, command and outcome",
-                plugin_calls.clone(),
-            );
-        }
-        root.sub_registry_with_prefix("multus_server").register(
+        let mut metrics = Self {
+            registry: Registry::default(),
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            in_flight: Gauge::default(),
+            queued: Gauge::default(),
+            waiting_turn: Gauge::default(),
+            rejected: Family::default(),
+            connections_open: Gauge::default(),
+            connections_limit: Gauge::default(),
+            connections_evicted: Counter::default(),
+            accept_errors: Counter::default(),
+            body_bytes: Gauge::default(),
+            multus_requests: Family::default(),
+            plugin_calls: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            cleanups_pending: Gauge::default(),
+            cleanups: Family::default(),
+        };
+        let mut registry = Registry::default();
+        metrics.register_plexus(registry.sub_registry_with_prefix("plexus"));
+        // The multus metric, under multus's own name.
+        registry.sub_registry_with_prefix("multus_server").register(
             "request",
             "Counter of HTTP requests",
-            multus_requests.clone(),
+            metrics.multus_requests.clone(),
         );
-        Self {
-            registry: root,
-            requests,
-            latency,
-            in_flight,
-            queued,
-            waiting_turn,
-            rejected,
-            connections_open,
-            connections_limit,
-            connections_evicted,
-            accept_errors,
-            body_bytes,
-            multus_requests,
-            plugin_calls,
-            cleanups_pending,
-            cleanups,
-        }
+        metrics.registry = registry;
+        metrics
+    }
+
+    /// Registers the daemon's own families (in the order they are
+    /// rendered).
+    fn register_plexus(&self, registry: &mut Registry) {
+        registry.register(
+            "cleanups_pending",
+            "Containers with an attachment whose DEL failed and that plexusd retries",
+            self.cleanups_pending.clone(),
+        );
+        registry.register(
+            "cleanups",
+            "Attachments whose DEL failed, by what became of them",
+            self.cleanups.clone(),
+        );
+        registry.register(
+            "requests",
+            "Requests answered, by endpoint, CNI command and outcome",
+            self.requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time from a request's arrival to its answer",
+            self.latency.clone(),
+        );
+        registry.register(
+            "requests_in_flight",
+            "CNI operations being processed, counted until their plugins finish even when the client has gone",
+            self.in_flight.clone(),
+        );
+        registry.register(
+            "requests_queued",
+            "CNI requests waiting for a processing slot",
+            self.queued.clone(),
+        );
+        registry.register(
+            "requests_waiting_turn",
+            "CNI requests waiting, without a processing slot, for another call for the same container (or GC) to finish",
+            self.waiting_turn.clone(),
+        );
+        registry.register(
+            "requests_rejected",
+            "Requests turned away, by reason",
+            self.rejected.clone(),
+        );
+        registry.register(
+            "connections_open",
+            "Client connections currently open",
+            self.connections_open.clone(),
+        );
+        registry.register(
+            "connections_limit",
+            "Client connections served at most at once (maxConnections, lowered to fit the descriptor limit)",
+            self.connections_limit.clone(),
+        );
+        registry.register(
+            "connections_evicted",
+            "Connections closed before sending a request, to make room at the connection cap",
+            self.connections_evicted.clone(),
+        );
+        registry.register(
+            "accept_errors",
+            "Failed accept() calls on the listening sockets",
+            self.accept_errors.clone(),
+        );
+        registry.register(
+            "request_body_bytes",
+            "Bytes of request bodies held between their reading and the start of their work",
+            self.body_bytes.clone(),
+        );
+        registry.register(
+            "plugin_duration_seconds",
+            "Run time of each CNI plugin call, by plugin, command and outcome",
+            self.plugin_calls.clone(),
+        );
     }
 
     /// The registry in the Prometheus/OpenMetrics text format.

@@ -15,7 +15,9 @@
 
 mod backoff;
 mod conn_io;
+mod connection;
 mod idle;
+mod listener;
 mod metrics_port;
 mod routes;
 
@@ -23,26 +25,19 @@ pub use metrics_port::serve_metrics;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{info, warn, Instrument};
 
 use crate::api;
-use crate::limit::{Admission, BodyBudget, ConnectionLimit, Lanes, Permit, Slot, Turn};
+use crate::limit::{Admission, BodyBudget, ConnectionLimit, Lanes, Permit, Turn};
 use crate::metrics::Metrics;
 
-use backoff::AcceptBackoff;
-use conn_io::ConnIo;
 use idle::IdleConnections;
 
 /// Default of [`Config::body_budget_bytes`].
@@ -419,7 +414,7 @@ pub async fn run<H: Handler>(
     let tracker = TaskTracker::new();
     let mut loops = tokio::task::JoinSet::new();
     for listener in listeners {
-        loops.spawn(accept_loop(
+        loops.spawn(listener::serve(
             listener,
             shared.clone(),
             connections.clone(),
@@ -473,308 +468,4 @@ pub async fn run<H: Handler>(
         abandoned,
         unfinished,
     }
-}
-
-async fn accept_loop<H: Handler>(
-    listener: UnixListener,
-    shared: Arc<Shared<H>>,
-    connections: ConnectionLimit,
-    stop: CancellationToken,
-    tracker: TaskTracker,
-    drain_backlog: bool,
-) {
-    let mut backoff = AcceptBackoff::new();
-    loop {
-        // Requests enough wait for a slot: new clients wait in the listen
-        // backlog, where they cost the daemon no memory, until one of
-        // them has been admitted.
-        let shrank = shared.admission.queue_shrank();
-        tokio::pin!(shrank);
-        shrank.as_mut().enable();
-        let filled = shared.admission.queue_filled();
-        tokio::pin!(filled);
-        filled.as_mut().enable();
-        if shared.admission.accept_paused() {
-            tokio::select! {
-                biased;
-                _ = stop.cancelled() => break,
-                _ = &mut shrank => continue,
-            }
-        }
-        let permit = match connections.try_acquire() {
-            Slot::Free(p) => Some(p),
-            Slot::Full => None,
-        };
-        // At the cap, a client is accepted only when an idle connection
-        // can make room for it (see `make_room`); otherwise it waits in the
-        // listen backlog for a slot, or for a connection to turn idle.
-        let candidate = shared.idle.candidate();
-        tokio::pin!(candidate);
-        candidate.as_mut().enable();
-        let room = permit.is_some() || shared.idle.has_candidate();
-        let accepted = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            r = listener.accept(), if room => r,
-            p = connections.acquire(), if permit.is_none() => {
-                // Taken again on the next turn.
-                drop(p);
-                continue;
-            }
-            _ = &mut candidate, if !room => continue,
-            // The queue filled up while waiting for a client: pause.
-            _ = &mut filled => continue,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => {
-                backoff.success();
-                stream
-            }
-            Err(e) => {
-                shared.metrics.accept_errors.inc();
-                let failure = backoff.failure(Instant::now());
-                if let Some(suppressed) = failure.warn {
-                    warn!(cause = %e, suppressed, retry_in = ?failure.wait, "accept failed");
-                }
-                // Out of descriptors: an idle connection gives one back.
-                if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
-                    && shared.idle.evict_oldest()
-                {
-                    shared.metrics.connections_evicted.inc();
-                }
-                tokio::select! {
-                    biased;
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(failure.wait) => continue,
-                }
-            }
-        };
-        let permit = match permit {
-            Some(p) => Some(p),
-            None => make_room(&shared, &connections, Some(&stop)).await,
-        };
-        serve_connection(stream, permit, connections.lingering(), &shared, &tracker);
-    }
-    if drain_backlog {
-        let mut drained = 0usize;
-        loop {
-            let next = std::future::poll_fn(|cx| match listener.poll_accept(cx) {
-                Poll::Ready(r) => Poll::Ready(Some(r)),
-                Poll::Pending => Poll::Ready(None),
-            })
-            .await;
-            let Some(Ok((stream, _))) = next else { break };
-            let permit = match connections.try_acquire() {
-                Slot::Free(p) => Some(p),
-                Slot::Full => make_room(&shared, &connections, None).await,
-            };
-            serve_connection(stream, permit, connections.lingering(), &shared, &tracker);
-            drained += 1;
-        }
-        if drained > 0 {
-            info!(
-                connections = drained,
-                "served connections left in the backlog"
-            );
-        }
-    }
-    drop(listener);
-}
-
-/// A slot for a client accepted at the cap: the connection idle longest
-/// (accepted, polled, no request head yet) is closed to make room; with
-/// none (another accept loop took it, or while the backlog is drained),
-/// the client waits for a slot, and one that turns idle meanwhile is
-/// closed as well. After `stop` the client is served without a slot (one
-/// over the cap per listener, while the daemon drains) rather than left
-/// unanswered.
-async fn make_room<H>(
-    shared: &Shared<H>,
-    connections: &ConnectionLimit,
-    stop: Option<&CancellationToken>,
-) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let mut evicted = false;
-    loop {
-        let candidate = shared.idle.candidate();
-        tokio::pin!(candidate);
-        candidate.as_mut().enable();
-        let declined = shared.idle.declined();
-        tokio::pin!(declined);
-        declined.as_mut().enable();
-        match connections.try_acquire() {
-            Slot::Free(p) => return Some(p),
-            Slot::Full => {}
-        }
-        if !evicted && shared.idle.evict_oldest() {
-            evicted = true;
-            shared.metrics.connections_evicted.inc();
-            debug!("closed the connection idle longest to serve a new one");
-        }
-        let stopped = async {
-            match stop {
-                Some(s) => s.cancelled().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            biased;
-            p = connections.acquire() => return Some(p),
-            _ = &mut candidate, if !evicted => {}
-            // The one chosen got its request head just then: choose again.
-            _ = &mut declined, if evicted => evicted = false,
-            _ = stopped => return None,
-        }
-    }
-}
-
-/// Answer of an evicted connection: try again later, as for an overload.
-fn evicted_response() -> Vec<u8> {
-    let body = api::CniError::new(
-        api::code::TRY_AGAIN_LATER,
-        "connection closed to make room: no request arrived on it; try again later",
-    )
-    .to_json();
-    let mut r = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         connection: close\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    r.extend_from_slice(body.as_bytes());
-    r
-}
-
-/// How often a connection whose request is in progress checks whether its
-/// client hung up (half-closed clients are still answered, so hyper's EOF
-/// cannot tell).
-const HANG_UP_CHECK: Duration = Duration::from_millis(100);
-
-/// Most bytes hyper buffers per connection (request heads included).
-const READ_BUFFER_BYTES: usize = 64 << 10;
-
-/// Why a connection task ended.
-enum Ended {
-    Served(Result<(), hyper::Error>),
-    Evicted,
-    HungUp,
-}
-
-fn serve_connection<H: Handler>(
-    stream: tokio::net::UnixStream,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    lingering: Arc<tokio::sync::Semaphore>,
-    shared: &Arc<Shared<H>>,
-    tracker: &TaskTracker,
-) {
-    shared.activity.touch();
-    shared.metrics.connections_open.inc();
-    let accepted = Instant::now();
-    // Valid as long as the connection owns the stream, which outlives
-    // every use below (they happen in the task that owns it).
-    let fd = stream.as_raw_fd();
-    let (ticket, evict) = shared.idle.register();
-    let ticket = Arc::new(ticket);
-    let svc_shared = shared.clone();
-    let svc_ticket = ticket.clone();
-    let service = hyper::service::service_fn(move |req| {
-        // The head has arrived: this connection is no longer idle.
-        svc_ticket.busy();
-        // Boxed: hyper's `poll_without_shutdown` wants an `Unpin` future.
-        Box::pin(routes::route(svc_shared.clone(), req, accepted))
-    });
-    let mut conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(shared.config.read_timeout)
-        .keep_alive(false)
-        // A client may shut down its write side after the request and
-        // still wait for the answer (hyper would take that EOF for a
-        // cancellation).
-        .half_close(true)
-        // Bodies are copied out as they arrive; a larger read buffer
-        // would only double what a big request costs.
-        .max_buf_size(READ_BUFFER_BYTES)
-        .serve_connection(TokioIo::new(ConnIo::new(stream, ticket.clone())), service);
-    let conn_shared = shared.clone();
-    tracker.spawn(async move {
-        let mut evicted = std::pin::pin!(evict.cancelled());
-        let mut declined = false;
-        let mut first_poll = true;
-        let mut hang_up_check: Option<tokio::time::Interval> = None;
-        let ended = std::future::poll_fn(|cx| {
-            // Without hyper's shutdown: the stream is closed below, after
-            // the client has read its answer.
-            if let Poll::Ready(r) = conn.poll_without_shutdown(cx) {
-                return Poll::Ready(Ended::Served(r));
-            }
-            if first_poll {
-                first_poll = false;
-                ticket.polled();
-            }
-            if ticket.is_busy() {
-                let check = hang_up_check.get_or_insert_with(|| {
-                    let mut i = tokio::time::interval(HANG_UP_CHECK);
-                    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    i
-                });
-                while check.poll_tick(cx).is_ready() {
-                    if peer_hung_up(fd) {
-                        return Poll::Ready(Ended::HungUp);
-                    }
-                }
-                // Chosen for eviction as its head arrived: a request in
-                // progress is never evicted.
-                if !declined && evict.is_cancelled() {
-                    declined = true;
-                    ticket.decline();
-                }
-            } else if evicted.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Ended::Evicted);
-            }
-            Poll::Pending
-        })
-        .await;
-        conn_shared.metrics.connections_open.dec();
-        match ended {
-            Ended::Served(r) => {
-                if let Err(e) = r {
-                    debug!(cause = %e, "connection ended with an error");
-                }
-                // What hyper has not written yet (its own error answer,
-                // replaced), then the lingering close, in the slot.
-                let mut io = conn.into_parts().io.into_inner();
-                let flushed = tokio::time::timeout(conn_io::LINGER_TIME, io.flush()).await;
-                if matches!(flushed, Ok(Ok(()))) {
-                    conn_io::linger(io.into_stream(), None).await;
-                }
-                drop(permit);
-            }
-            Ended::HungUp => {
-                debug!("client hung up before its answer");
-                drop(permit);
-            }
-            Ended::Evicted => {
-                // Best effort, never waiting on the client: it sent nothing
-                // that needs an answer, this only tells it why. Its slot is
-                // free at once; it reads the answer while it lingers.
-                let io = conn.into_parts().io.into_inner().into_stream();
-                let _ = io.try_write(&evicted_response());
-                drop(permit);
-                conn_io::linger(io, Some(&lingering)).await;
-            }
-        }
-        conn_shared.activity.touch();
-    });
-}
-
-/// Whether the peer of the connected unix socket `fd` closed its end
-/// completely (a shutdown of its write side alone is not a hang-up).
-fn peer_hung_up(fd: RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: 0,
-        revents: 0,
-    };
-    // SAFETY: one pollfd we own; a zero timeout never blocks.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }

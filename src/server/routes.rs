@@ -14,7 +14,7 @@ use tracing::{info_span, warn, Instrument};
 
 use super::{Call, Failure, FailureKind, Handler, Readiness, Reply, Shared};
 use crate::api::{self, code, CniError, Command};
-use crate::limit::{BodyBytes, LaneError, LaneKey};
+use crate::limit::{BodyBytes, LaneError, LaneKey, Permit, Turn};
 use crate::metrics::{LatencyLabels, MultusLabels, RejectLabels, RequestLabels};
 
 type Body = Full<Bytes>;
@@ -124,32 +124,7 @@ pub(super) async fn route<H: Handler>(
             Err(o) => o,
             Ok((body, held)) => match endpoint {
                 Endpoint::Healthz => Outcome::Empty,
-                Endpoint::Readyz if shared.draining() => fail(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "draining",
-                    CniError::new(
-                        code::TRY_AGAIN_LATER,
-                        "plexusd is shutting down; try again later",
-                    ),
-                ),
-                Endpoint::Readyz => match shared.handler.readiness() {
-                    Readiness::Ready => Outcome::EmptyJson,
-                    Readiness::Starting(why) => fail(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "starting",
-                        CniError::new(code::TRY_AGAIN_LATER, why),
-                    ),
-                    Readiness::NotReady(why) => fail(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "not_ready",
-                        CniError::new(code::TRY_AGAIN_LATER, why),
-                    ),
-                    Readiness::Degraded(why) => Outcome::Json(
-                        serde_json::json!({ "degraded": why })
-                            .to_string()
-                            .into_bytes(),
-                    ),
-                },
+                Endpoint::Readyz => readyz(&shared),
                 Endpoint::Metrics => {
                     Outcome::Text(crate::metrics::CONTENT_TYPE, shared.metrics.render())
                 }
@@ -190,6 +165,39 @@ pub(super) async fn route<H: Handler>(
     Ok(response)
 }
 
+/// `/readyz`: 503 while draining or not ready, else 200 (naming a
+/// degradation, if any).
+fn readyz<H: Handler>(shared: &Shared<H>) -> Outcome {
+    if shared.draining() {
+        return fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining",
+            CniError::new(
+                code::TRY_AGAIN_LATER,
+                "plexusd is shutting down; try again later",
+            ),
+        );
+    }
+    match shared.handler.readiness() {
+        Readiness::Ready => Outcome::EmptyJson,
+        Readiness::Starting(why) => fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting",
+            CniError::new(code::TRY_AGAIN_LATER, why),
+        ),
+        Readiness::NotReady(why) => fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            CniError::new(code::TRY_AGAIN_LATER, why),
+        ),
+        Readiness::Degraded(why) => Outcome::Json(
+            serde_json::json!({ "degraded": why })
+                .to_string()
+                .into_bytes(),
+        ),
+    }
+}
+
 fn fail(status: StatusCode, label: &'static str, error: CniError) -> Outcome {
     Outcome::Fail(status, label, error)
 }
@@ -204,64 +212,21 @@ async fn read_body<H>(
     accepted: Instant,
 ) -> Result<(Bytes, BodyBytes), Outcome> {
     let max = shared.config.max_body_bytes;
-    let too_large = || {
-        fail(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            CniError::new(
-                code::INVALID_ENVIRONMENT,
-                format!("request body is larger than {max} bytes"),
-            ),
-        )
-    };
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(&req);
     if declared.is_some_and(|n| n > max as u64) {
-        return Err(too_large());
+        return Err(too_large(max));
     }
     let declared = declared.map_or(0, |n| n as usize);
     let deadline = tokio::time::Instant::from_std(accepted + shared.config.read_timeout);
-    let mut held = shared.budget.hold();
-    let mut waiting_for_budget = false;
-    let mut buf = BytesMut::new();
-    let read = async {
-        waiting_for_budget = true;
-        held.grow(declared).await;
-        waiting_for_budget = false;
-        buf.reserve(declared);
-        let mut body = req.into_body();
-        while let Some(frame) = body.frame().await {
-            let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else {
-                continue;
-            };
-            let len = buf.len() + data.len();
-            if len > max {
-                return Err(BodyError::TooLarge);
-            }
-            // Chunked, or more than declared: hold each chunk as it comes.
-            if len > held.len() {
-                waiting_for_budget = true;
-                held.grow(len - held.len()).await;
-                waiting_for_budget = false;
-            }
-            buf.extend_from_slice(&data);
-        }
-        Ok(())
+    let mut reading = Reading {
+        held: shared.budget.hold(),
+        buf: BytesMut::new(),
+        waiting_for_budget: false,
     };
-    let result = tokio::time::timeout_at(deadline, read).await;
-    let reject = |reason: &'static str| {
-        shared
-            .metrics
-            .rejected
-            .get_or_create(&RejectLabels { reason })
-            .inc();
-    };
-    match result {
-        Ok(Ok(())) => Ok((buf.freeze(), held)),
-        Ok(Err(BodyError::TooLarge)) => Err(too_large()),
+    let read = reading.read(req.into_body(), declared, max);
+    match tokio::time::timeout_at(deadline, read).await {
+        Ok(Ok(())) => Ok((reading.buf.freeze(), reading.held)),
+        Ok(Err(BodyError::TooLarge)) => Err(too_large(max)),
         Ok(Err(BodyError::Read(e))) => Err(fail(
             StatusCode::BAD_REQUEST,
             "bad_request",
@@ -270,35 +235,58 @@ async fn read_body<H>(
                 format!("cannot read the request body: {e}"),
             ),
         )),
-        Err(_) if waiting_for_budget => {
-            reject("body_budget");
-            Err(fail(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "rejected",
-                CniError::new(
-                    code::TRY_AGAIN_LATER,
-                    format!(
-                        "too many request bodies in memory: no room for this one within {}; \
-                         try again later",
-                        crate::duration::format(shared.config.read_timeout)
-                    ),
-                ),
-            ))
+        Err(_) => Err(read_timed_out(shared, reading.waiting_for_budget)),
+    }
+}
+
+/// The `Content-Length` of `req`, when it has a valid one.
+fn declared_length<B>(req: &Request<B>) -> Option<u64> {
+    req.headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+/// A body being read, with the budget held for it.
+struct Reading {
+    held: BodyBytes,
+    buf: BytesMut,
+    /// Whether the read waits for room in the budget (rather than for the
+    /// client), for the answer when the deadline passes.
+    waiting_for_budget: bool,
+}
+
+impl Reading {
+    /// Reads `body` into `buf`, holding `declared` bytes first, then any
+    /// further chunk (chunked, or more than declared) as it comes.
+    async fn read(
+        &mut self,
+        mut body: Incoming,
+        declared: usize,
+        max: usize,
+    ) -> Result<(), BodyError> {
+        self.grow(declared).await;
+        self.buf.reserve(declared);
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else {
+                continue;
+            };
+            let len = self.buf.len() + data.len();
+            if len > max {
+                return Err(BodyError::TooLarge);
+            }
+            if len > self.held.len() {
+                self.grow(len - self.held.len()).await;
+            }
+            self.buf.extend_from_slice(&data);
         }
-        Err(_) => {
-            reject("read_timeout");
-            Err(fail(
-                StatusCode::REQUEST_TIMEOUT,
-                "read_timeout",
-                CniError::new(
-                    code::IO_FAILURE,
-                    format!(
-                        "the request did not arrive within {}",
-                        crate::duration::format(shared.config.read_timeout)
-                    ),
-                ),
-            ))
-        }
+        Ok(())
+    }
+
+    async fn grow(&mut self, by: usize) {
+        self.waiting_for_budget = true;
+        self.held.grow(by).await;
+        self.waiting_for_budget = false;
     }
 }
 
@@ -308,6 +296,59 @@ enum BodyError {
     Read(hyper::Error),
 }
 
+fn too_large(max: usize) -> Outcome {
+    fail(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        CniError::new(
+            code::INVALID_ENVIRONMENT,
+            format!("request body is larger than {max} bytes"),
+        ),
+    )
+}
+
+/// The answer when the body did not arrive within the read timeout: the
+/// budget had no room for it (503, try again later), or the client was
+/// too slow (408).
+fn read_timed_out<H>(shared: &Shared<H>, waiting_for_budget: bool) -> Outcome {
+    let reason = if waiting_for_budget {
+        "body_budget"
+    } else {
+        "read_timeout"
+    };
+    shared
+        .metrics
+        .rejected
+        .get_or_create(&RejectLabels { reason })
+        .inc();
+    let within = crate::duration::format(shared.config.read_timeout);
+    if waiting_for_budget {
+        fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "rejected",
+            CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "too many request bodies in memory: no room for this one within {within}; \
+                     try again later"
+                ),
+            ),
+        )
+    } else {
+        fail(
+            StatusCode::REQUEST_TIMEOUT,
+            "read_timeout",
+            CniError::new(
+                code::IO_FAILURE,
+                format!("the request did not arrive within {within}"),
+            ),
+        )
+    }
+}
+
+/// A CNI request (`/cni`, or `/delegate` for hot-plug): parsed, admitted
+/// (its container's turn, then a slot), run as work of its own, answered.
+/// `command` is set to the request's command label once it is known.
 async fn cni<H: Handler>(
     shared: &Arc<Shared<H>>,
     endpoint: Endpoint,
@@ -345,50 +386,10 @@ async fn cni<H: Handler>(
         Endpoint::Delegate => Call::Delegate,
         _ => Call::Cni,
     };
-    let lane = LaneKey::of(
-        request.env_var("CNI_COMMAND"),
-        request.env_var("CNI_CONTAINERID"),
-    );
     async move {
-        // A client that hangs up while queued gives up its place: nothing
-        // has started yet. Its container's turn comes first, then a slot,
-        // both within one queueTimeout: a container whose calls wait for
-        // each other holds one slot at most. Once admitted, the turn and
-        // the permit move into the work.
-        let deadline = tokio::time::Instant::now() + shared.admission.queue_timeout();
-        let turn = match lane {
-            None => None,
-            Some(key) => match shared.lanes.turn(key, deadline).await {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    let reason = match e {
-                        LaneError::Busy { .. } => "container_busy",
-                        LaneError::Timeout { .. } => "container_wait",
-                    };
-                    shared
-                        .metrics
-                        .rejected
-                        .get_or_create(&RejectLabels { reason })
-                        .inc();
-                    warn!(cause = %e, "request not admitted");
-                    return failure(Failure::new(
-                        FailureKind::Unavailable,
-                        code::TRY_AGAIN_LATER,
-                        e.to_string(),
-                    ));
-                }
-            },
-        };
-        let permit = match shared.admission.admit_until(deadline).await {
-            Ok(p) => p,
-            Err(e) => {
-                warn!(cause = %e, "request not admitted");
-                return failure(Failure::new(
-                    FailureKind::Unavailable,
-                    code::TRY_AGAIN_LATER,
-                    e.to_string(),
-                ));
-            }
+        let (turn, permit) = match admit(shared, &request).await {
+            Ok(admitted) => admitted,
+            Err(f) => return failure(f),
         };
         let work = shared.spawn_work(call, request, permit, turn, tracing::Span::current());
         drop(held);
@@ -400,24 +401,75 @@ async fn cni<H: Handler>(
                 format!("the CNI work failed: {e}"),
             )),
         };
-        match result {
-            Ok(Reply::Done) => Outcome::Empty,
-            Ok(Reply::Result(result)) => match serde_json::to_vec(&api::AddResponse { result }) {
-                Ok(body) => Outcome::Json(body),
-                Err(e) => failure(Failure::new(
-                    FailureKind::Internal,
-                    code::INTERNAL,
-                    format!("cannot encode the result: {e}"),
-                )),
-            },
-            Err(f) => {
-                warn!(code = f.error.code, msg = %f.error.msg, "request failed");
-                failure(f)
-            }
-        }
+        reply_outcome(result)
     }
     .instrument(span)
     .await
+}
+
+/// Admits `request`: its container's turn first, then a slot, both within
+/// one queueTimeout, so a container whose calls wait for each other holds
+/// one slot at most. A client that hangs up meanwhile gives up its place
+/// (this future is dropped): nothing has started yet.
+async fn admit<H>(
+    shared: &Shared<H>,
+    request: &api::Request,
+) -> Result<(Option<Turn>, Permit), Failure> {
+    let deadline = tokio::time::Instant::now() + shared.admission.queue_timeout();
+    let lane = LaneKey::of(
+        request.env_var("CNI_COMMAND"),
+        request.env_var("CNI_CONTAINERID"),
+    );
+    let turn = match lane {
+        None => None,
+        Some(key) => match shared.lanes.turn(key, deadline).await {
+            Ok(t) => Some(t),
+            Err(e) => {
+                let reason = match e {
+                    LaneError::Busy { .. } => "container_busy",
+                    LaneError::Timeout { .. } => "container_wait",
+                };
+                shared
+                    .metrics
+                    .rejected
+                    .get_or_create(&RejectLabels { reason })
+                    .inc();
+                return Err(not_admitted(e));
+            }
+        },
+    };
+    match shared.admission.admit_until(deadline).await {
+        Ok(permit) => Ok((turn, permit)),
+        Err(e) => Err(not_admitted(e)),
+    }
+}
+
+fn not_admitted(e: impl std::fmt::Display) -> Failure {
+    warn!(cause = %e, "request not admitted");
+    Failure::new(
+        FailureKind::Unavailable,
+        code::TRY_AGAIN_LATER,
+        e.to_string(),
+    )
+}
+
+/// The answer of finished CNI work.
+fn reply_outcome(result: Result<Reply, Failure>) -> Outcome {
+    match result {
+        Ok(Reply::Done) => Outcome::Empty,
+        Ok(Reply::Result(result)) => match serde_json::to_vec(&api::AddResponse { result }) {
+            Ok(body) => Outcome::Json(body),
+            Err(e) => failure(Failure::new(
+                FailureKind::Internal,
+                code::INTERNAL,
+                format!("cannot encode the result: {e}"),
+            )),
+        },
+        Err(f) => {
+            warn!(code = f.error.code, msg = %f.error.msg, "request failed");
+            failure(f)
+        }
+    }
 }
 
 async fn attachments<H: Handler>(shared: &Shared<H>, path: &str) -> Outcome {

@@ -1,9 +1,9 @@
 //! The client: one request to the daemon over its unix socket, within the
 //! call's deadline. It connects (retrying while the socket is missing,
-//! refuses or has a full backlog, up to `connectTimeout`), writes the
-//! request, reads the answer with [`http`], and turns transport failures
-//! into CNI errors. What the answer means for the call is the front end's
-//! business.
+//! refuses or has a full backlog, up to `connectTimeout`; a STATUS does not
+//! wait for a daemon that is not there), writes the request, reads the
+//! answer with [`http`], and turns transport failures into CNI errors. What
+//! the answer means for the call is the front end's business.
 
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -15,29 +15,41 @@ use std::time::{Duration, Instant};
 
 use super::config::Config;
 use super::http::{self, Response};
-use crate::api::{self, code, CniError};
+use crate::api::{self, code, CniError, Command};
 use crate::{duration, trust};
 
 /// First pause between connection attempts; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 /// Longest pause between connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
+/// CNI error code of a STATUS: the plugin is not available and cannot
+/// service ADD (CNI spec, "Error"; added after 1.1.0).
+pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
 
 /// One request to the daemon, within the call's deadline.
 pub(super) struct Client<'a> {
     config: &'a Config,
     deadline: Instant,
     started: Instant,
+    /// Whether a missing or refusing socket is waited for (up to
+    /// `connectTimeout`) rather than answered at once.
+    waits_for_daemon: bool,
 }
 
 impl<'a> Client<'a> {
-    /// The client of a call that started at `started`: everything it does
-    /// ends by `started` + `timeout`.
-    pub(super) fn new(config: &'a Config, started: Instant) -> Self {
+    /// The client of a `command` call that started at `started`:
+    /// everything it does ends by `started` + `timeout`.
+    ///
+    /// A STATUS does not wait for a daemon that is not there: it asks
+    /// whether an ADD could be served now, and a runtime may ask it while
+    /// holding a lock every pod's ADD needs (CRI-O does at start), so no
+    /// listener is answered at once with [`PLUGIN_NOT_AVAILABLE`].
+    pub(super) fn new(config: &'a Config, command: Command, started: Instant) -> Self {
         Self {
             config,
             deadline: started + config.timeout,
             started,
+            waits_for_daemon: command != Command::Status,
         }
     }
 
@@ -74,7 +86,9 @@ impl<'a> Client<'a> {
     }
 
     /// Connects, retrying while the socket is missing, refuses or has a
-    /// full backlog, until `connectTimeout` (bounded by `timeout`).
+    /// full backlog, until `connectTimeout` (bounded by `timeout`). Without
+    /// `waits_for_daemon`, a missing or refusing socket ends the call at
+    /// once; a full backlog is still waited for (a daemon is there).
     fn connect(&self, log: &mut dyn Write) -> Result<UnixStream, CniError> {
         let until = (self.started + self.config.connect_timeout).min(self.deadline);
         let mut backoff = FIRST_BACKOFF;
@@ -107,6 +121,9 @@ impl<'a> Client<'a> {
                     format!("cannot connect to the daemon at {}: {err}", self.path()),
                 ));
             }
+            if !self.waits_for_daemon && is_no_listener(&err) {
+                return Err(self.not_available(&err));
+            }
             if !waited {
                 waited = true;
                 let line = format!(
@@ -130,6 +147,20 @@ impl<'a> Client<'a> {
             std::thread::sleep(backoff.min(until - now));
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
+    }
+
+    /// The CNI error of a STATUS that found no daemon listening.
+    fn not_available(&self, err: &io::Error) -> CniError {
+        CniError::new(
+            PLUGIN_NOT_AVAILABLE,
+            format!(
+                "no daemon is listening at {} ({err}); no ADD can be served until one is",
+                self.path()
+            ),
+        )
+        .with_details(
+            "STATUS does not wait for the daemon; connectTimeout applies to the other commands",
+        )
     }
 
     /// The CNI error for an answer that could not be read after the
@@ -229,6 +260,15 @@ fn is_transient(e: &io::Error) -> bool {
             | io::ErrorKind::WouldBlock
             | io::ErrorKind::TimedOut
             | io::ErrorKind::Interrupted
+    )
+}
+
+/// Whether a failed connect means that nobody listens at the path: no
+/// socket there, or a socket without a listener.
+fn is_no_listener(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
     )
 }
 

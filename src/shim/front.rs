@@ -368,6 +368,33 @@ mod tests {
     }
 
     #[test]
+    fn status_should_not_wait_for_a_missing_daemon_but_other_commands_should() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("absent.sock");
+        let stdin = |connect_timeout: &str| {
+            serde_json::to_vec(&serde_json::json!({
+                "cniVersion": "1.1.0",
+                "socketPath": sock,
+                "connectTimeout": connect_timeout,
+                "timeout": "1h",
+            }))
+            .unwrap()
+        };
+        // A STATUS that waited would end after 10 s, with code 11.
+        let (out, json) = run_with(&[("CNI_COMMAND", "STATUS")], &stdin("10s"));
+        assert_eq!(out.exit_code, 1);
+        assert_eq!(json["code"], client::PLUGIN_NOT_AVAILABLE);
+        assert!(json["msg"]
+            .as_str()
+            .unwrap()
+            .contains(sock.to_str().unwrap()));
+        let started = std::time::Instant::now();
+        let (_, json) = run_with(&[("CNI_COMMAND", "GC")], &stdin("100ms"));
+        assert_eq!(json["code"], code::TRY_AGAIN_LATER);
+        assert!(started.elapsed() >= std::time::Duration::from_millis(100));
+    }
+
+    #[test]
     fn oversize_stdin_should_be_refused() {
         let big = vec![b' '; MAX_STDIN_BYTES + 1];
         let (out, json) = run_with(&[("CNI_COMMAND", "GC")], &big);

@@ -21,8 +21,9 @@
 //! Layout: `config` reads the shim's own settings from the network config;
 //! `front` is the CNI side (environment and stdin in, result or error JSON
 //! and exit status out); `client` carries the request over the socket,
-//! retrying the connect; `http` reads the daemon's HTTP/1.1 answer. [`run`]
-//! joins them.
+//! retrying the connect (but for a STATUS, which answers code 50 at once
+//! when no daemon listens); `http` reads the daemon's HTTP/1.1 answer.
+//! [`run`] joins them.
 
 use std::io::{Read, Write};
 use std::time::Instant;
@@ -37,6 +38,7 @@ mod http;
 use client::Client;
 use front::Call;
 
+pub use client::PLUGIN_NOT_AVAILABLE;
 pub use config::{
     Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, KEY_CONNECT_TIMEOUT, KEY_SOCKET_DIR,
     KEY_SOCKET_PATH, KEY_TIMEOUT,
@@ -66,6 +68,7 @@ fn call(
         Call::Version(answer) => return Ok(answer),
         Call::Forward(forward) => forward,
     };
-    let response = Client::new(&forward.config, started).exchange(&forward.body, log)?;
+    let response =
+        Client::new(&forward.config, forward.command, started).exchange(&forward.body, log)?;
     front::answer(&forward, response)
 }

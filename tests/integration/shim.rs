@@ -21,6 +21,7 @@ use crate::support::daemon::{Daemon, TestDir};
 use crate::support::inproc::InProcess;
 use crate::support::netns::{Link, Netns, Subnet};
 use crate::support::shim::{finish, Run};
+use crate::support::systemd::poll_until;
 
 const VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
@@ -506,7 +507,7 @@ fn daemon_down_for_the_whole_connect_timeout_should_give_code_11() {
     let refusing = dir.join("refusing.sock");
     drop(UnixListener::bind(&refusing).unwrap());
     for sock in [dir.join("absent.sock"), refusing] {
-        for command in ["ADD", "DEL", "CHECK", "STATUS", "GC"] {
+        for command in ["ADD", "DEL", "CHECK", "GC"] {
             let started = Instant::now();
             let run = shim(
                 &env(command),
@@ -523,6 +524,41 @@ fn daemon_down_for_the_whole_connect_timeout_should_give_code_11() {
             );
             assert!(started.elapsed() >= Duration::from_millis(200));
         }
+    }
+}
+
+#[test]
+fn status_without_a_daemon_should_answer_code_50_without_waiting() {
+    let dir = TestDir::new("shim-status-down");
+    // Missing socket (ENOENT), and a bound socket nobody listens on
+    // (ECONNREFUSED).
+    let refusing = dir.join("refusing.sock");
+    drop(UnixListener::bind(&refusing).unwrap());
+    for sock in [dir.join("absent.sock"), refusing] {
+        let mut child = spawn(
+            &env("STATUS"),
+            &conf(
+                "1.1.0",
+                &sock,
+                json!({"connectTimeout": "30s", "timeout": "60s"}),
+            ),
+        );
+        // Far less than connectTimeout: a shim that waits for the daemon
+        // is still running when this ends.
+        let exited = poll_until(Duration::from_secs(10), || {
+            child.try_wait().unwrap().is_some()
+        });
+        if !exited {
+            let _ = child.kill();
+        }
+        let run = finish(child);
+        assert!(exited, "STATUS waited for the daemon at {sock:?}: {run:?}");
+        let err = run.error(plexus::shim::PLUGIN_NOT_AVAILABLE);
+        assert_eq!(err["code"], 50);
+        let msg = err["msg"].as_str().unwrap();
+        assert!(msg.contains("no daemon is listening at"), "{msg}");
+        assert!(msg.contains(sock.to_str().unwrap()), "{msg}");
+        assert_eq!(run.stderr, "", "no waiting line: {run:?}");
     }
 }
 

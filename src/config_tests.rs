@@ -300,3 +300,126 @@ fn the_nearest_known_key_should_be_suggested_for_a_typo_only() {
     assert_eq!(super::nearest_known_key("x"), None);
     assert_eq!(super::nearest_known_key(""), None);
 }
+
+#[test]
+fn a_typo_of_any_known_key_should_get_it_suggested() {
+    // Levenshtein (strsim) on lowercased names: a swap is two edits.
+    assert_eq!(
+        nearest_known_key("conenctionLimit"),
+        Some("connectionLimit")
+    );
+    assert_eq!(nearest_known_key("PODEVENT"), Some("podEvents"));
+    // multus's keys that plexusd does not read are known too.
+    assert_eq!(nearest_known_key("chrootdir"), Some("chrootDir"));
+    assert_eq!(
+        nearest_known_key("multusAutoConfigDirs"),
+        Some("multusAutoconfigDir")
+    );
+    assert_eq!(nearest_known_key("nme"), Some("name"));
+    // Too far from every key: six letters more than `stateDir`.
+    assert_eq!(nearest_known_key("stateDirectory"), None);
+}
+
+#[test]
+fn every_key_should_be_declared_once_and_each_read_key_read_once_in_order() {
+    let mut names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+    names.sort_unstable();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(names.len(), before, "a key is declared twice");
+
+    let obj = Map::new();
+    let mut f = fields::Fields::new(Path::new("/c.json"), &obj);
+    keys::Raw::read(&mut f);
+    let read_keys: Vec<&str> = KEYS
+        .iter()
+        .filter(|k| k.role == Role::Read)
+        .map(|k| k.name)
+        .collect();
+    assert_eq!(f.read, read_keys);
+    for k in KEYS.iter().filter(|k| k.role != Role::Read) {
+        assert!(
+            matches!(k.default, Unset::None),
+            "{}: a default for a key plexusd does not read",
+            k.name
+        );
+    }
+}
+
+#[test]
+fn no_declared_key_should_be_reported_unknown() {
+    let all: Map<String, Value> = KEYS
+        .iter()
+        .map(|k| (k.name.to_string(), Value::Null))
+        .collect();
+    let c = parse(&Value::Object(all).to_string()).unwrap();
+    assert!(c.unknown_keys.is_empty(), "{:?}", c.unknown_keys);
+    let c = parse(r#"{"cniVersion": "0.3.1", "podEvent": true}"#).unwrap();
+    assert_eq!(c.unknown_keys, ["podEvent"]);
+}
+
+#[test]
+fn the_keys_a_call_may_set_should_be_keys_plexusd_reads() {
+    for name in selection::overlay::REQUEST_KEYS {
+        assert_eq!(key(name).map(|k| k.role), Some(Role::Read), "{name}");
+    }
+}
+
+/// Each module's settings, for comparing two configurations (the path,
+/// the unknown keys and which keys a call may still set left out).
+fn settings(c: &Config) -> String {
+    format!(
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        c.activation,
+        c.limit,
+        c.server,
+        c.logging,
+        c.lifecycle,
+        c.cni,
+        c.selection.base(),
+        c.readiness_file,
+        c.kubernetes
+    )
+}
+
+#[test]
+fn each_default_shown_should_be_the_one_applied() {
+    let defaults = settings(&parse("{}").unwrap());
+    let mut checked = 0;
+    for k in KEYS {
+        let Unset::Value(show) = k.default else {
+            continue;
+        };
+        let shown = show();
+        // Paths are shown as they are; the others as JSON.
+        let value = match k.kind {
+            Kind::Path | Kind::SearchPath => Value::String(shown.clone()),
+            _ => serde_json::from_str(&shown).unwrap_or_else(|e| panic!("{}: {e}", k.name)),
+        };
+        let file = serde_json::json!({ k.name: value }).to_string();
+        let c = parse(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(settings(&c), defaults, "{}: {shown}", k.name);
+        checked += 1;
+    }
+    assert!(checked > 25, "{checked}");
+    let shown = |name: &str| key(name).unwrap().default.text();
+    assert_eq!(shown("queueTimeout"), "`\"30s\"`");
+    assert_eq!(shown("binDir"), "`/opt/cni/bin:/usr/lib/cni`");
+    assert_eq!(shown("logLevel"), "`\"info\"`");
+    assert_eq!(shown("bodyBudgetBytes"), "`16777216`");
+    assert_eq!(shown("systemNamespaces"), "`[\"kube-system\"]`");
+    assert_eq!(shown("idleTimeout"), "off");
+    assert_eq!(shown("logFile"), "none");
+    assert_eq!(shown("nodeName"), "the host name, lowercased");
+}
+
+#[test]
+fn problems_should_come_in_the_order_of_the_keys() {
+    let e = parse(
+        r#"{"cniDir": "", "clusterNetwork": "flannel", "auxiliaryCNIChainName": "aux",
+            "socketDir": 1}"#,
+    )
+    .unwrap_err();
+    let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["socketDir", "auxiliaryCNIChainName", "cniDir"]);
+}

@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::cni::exec::Runner;
 use crate::cni::state::Store;
-use crate::config::{self, Config, PathScope};
+use crate::config::{self, Config, PathScope, Role};
 use crate::handler::Networks;
 use crate::{cni, k8s};
 
@@ -43,67 +43,6 @@ pub struct Finding {
     pub severity: Severity,
     pub text: String,
 }
-
-/// multus keys that plexusd reads but does not act on, with what to do
-/// instead.
-const IGNORED_MULTUS_KEYS: &[(&str, &str)] = &[
-    (
-        "chrootDir",
-        "multus's daemon runs in a container and reaches the host through a chroot; plexusd runs \
-         on the host and needs none: remove the key",
-    ),
-    (
-        "perNodeCertificate",
-        "plexusd requests no certificate of its own: point `kubeconfig` at credentials with the \
-         rights README lists (a kubelet's kubeconfig works for the pods) and remove the key",
-    ),
-    (
-        "logOptions",
-        "plexusd logs to the journal (`journalctl -u plexusd`) and does not rotate `logFile`: \
-         rotate it with logrotate's `copytruncate`, or drop `logFile`, and remove the key",
-    ),
-    (
-        "enablePprof",
-        "plexusd has no profiling endpoint; its metrics are at GET /metrics on its socket (and \
-         on `metricsPort` when set): remove the key",
-    ),
-    (
-        "retryDeleteOnError",
-        "plexusd always keeps what a failed DEL needs and answers the error, so the runtime \
-         retries: remove the key",
-    ),
-    (
-        "forceCNIVersion",
-        "plexusd runs each network at a CNI version its plugins support: remove the key",
-    ),
-    (
-        "multusConfigFile",
-        "the runtime's configuration for plexus-shim is written by `plexusd generate-config`, \
-         run on every change by plexus-config.path (`systemctl enable --now plexus-config.path`): \
-         remove the key",
-    ),
-];
-
-/// Keys whose values are paths of the host (where `/host/...` is
-/// multus's container's view of it).
-const PATH_KEYS: &[&str] = &[
-    "socketDir",
-    "binDir",
-    "confDir",
-    "cniDir",
-    "stateDir",
-    "logFile",
-    "kubeconfig",
-    "clusterNetwork",
-    "defaultNetworks",
-    "readinessindicatorfile",
-    "podResourcesSocket",
-    "deviceCheckpointFile",
-    "deviceInfoDir",
-    "multusAutoconfigDir",
-    "cniConfigDir",
-    "daemonSocketDir",
-];
 
 /// Runs the check and prints its findings (`plexusd: error: ...` on
 /// `err`) and the verdict (on `out`); the process's exit status.
@@ -229,7 +168,7 @@ fn read_raw(config: &Config, found: &mut Vec<Finding>) -> Option<serde_json::Map
 }
 
 /// Unknown keys (with the nearest known one), multus keys that do
-/// nothing here, and multus's container paths.
+/// nothing here (with what to do instead), and multus's container paths.
 fn keys(config: &Config, raw: Option<&serde_json::Map<String, Value>>, found: &mut Vec<Finding>) {
     let file = config.path.display();
     for key in &config.unknown_keys {
@@ -243,16 +182,21 @@ fn keys(config: &Config, raw: Option<&serde_json::Map<String, Value>>, found: &m
     let Some(raw) = raw else {
         return;
     };
-    for (key, advice) in IGNORED_MULTUS_KEYS {
-        if raw.contains_key(*key) {
-            found.push(warning(format!(
-                "{file}: key {key:?} is multus's and is ignored: {advice}"
-            )));
-        }
+    let ignored = config::KEYS.iter().filter(|k| k.role == Role::Ignored);
+    for key in ignored.filter(|k| raw.contains_key(k.name)) {
+        found.push(warning(format!(
+            "{file}: key {:?} is multus's and is ignored: {}",
+            key.name, key.help
+        )));
     }
     let mut host_paths = Vec::new();
-    for key in PATH_KEYS {
-        let values: Vec<&str> = match raw.get(*key) {
+    // Keys whose values are paths of the host (where `/host/...` is
+    // multus's container's view of it).
+    let path_keys = config::KEYS
+        .iter()
+        .filter(|k| k.kind.may_be_path() && k.role != Role::Ignored);
+    for key in path_keys.map(|k| k.name) {
+        let values: Vec<&str> = match raw.get(key) {
             Some(Value::String(s)) => vec![s.as_str()],
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
             _ => continue,
@@ -261,7 +205,7 @@ fn keys(config: &Config, raw: Option<&serde_json::Map<String, Value>>, found: &m
             // binDir may list several directories.
             for part in v.split(':') {
                 if part == "/host" || part.starts_with("/host/") {
-                    host_paths.push((*key, part.to_string()));
+                    host_paths.push((key, part.to_string()));
                 }
             }
         }
@@ -556,5 +500,42 @@ mod tests {
         let (code, out, _) = reported(&[finding(Severity::Error, "e")], false);
         assert_eq!(code, 78);
         assert!(out.contains("1 error, 0 warnings"), "{out}");
+    }
+
+    #[test]
+    fn keys_should_be_judged_as_the_key_table_describes_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("daemon-config.json");
+        let text = r#"{"chrootDir": "/hostroot", "forceCNIVersion": true, "cniVersion": "0.3.1",
+            "pluginSpawner": "/host/run/plexus/plugins.sock", "binDir": "/opt/cni/bin:/host/x",
+            "podEvent": false}"#;
+        std::fs::write(&path, text).unwrap();
+        let config = Config::load(&path, false).unwrap();
+        let raw = serde_json::from_str(text).unwrap();
+        let mut found = Vec::new();
+        keys(&config, Some(&raw), &mut found);
+        let texts: Vec<&str> = found.iter().map(|f| f.text.as_str()).collect();
+        let count = |part: &str| texts.iter().filter(|t| t.contains(part)).count();
+        // Each ignored key with its advice from the table; a key
+        // generate-config reads is not one.
+        for key in ["chrootDir", "forceCNIVersion"] {
+            let advice = config::key(key).unwrap().help;
+            let want = format!("key {key:?} is multus's and is ignored: {advice}");
+            assert!(texts.iter().any(|t| t.ends_with(&want)), "{texts:#?}");
+        }
+        assert_eq!(count("\"cniVersion\""), 0, "{texts:#?}");
+        // Every key whose value may be a path is looked at for multus's
+        // container paths.
+        let spawner = "key \"pluginSpawner\" is \"/host/run/plexus/plugins.sock\"";
+        assert_eq!(count(spawner), 1, "{texts:#?}");
+        assert_eq!(count("key \"binDir\" is \"/host/x\""), 1, "{texts:#?}");
+        assert!(
+            texts.iter().any(
+                |t| t.contains("key \"podEvent\" is not a plexusd or multus key")
+                    && t.ends_with("did you mean \"podEvents\"?")
+            ),
+            "{texts:#?}"
+        );
+        assert_eq!(found.len(), 5, "{texts:#?}");
     }
 }

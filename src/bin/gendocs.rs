@@ -15,16 +15,21 @@ use std::process::ExitCode;
 use clap_complete::Shell;
 use clap_mangen::roff::{bold, italic, roman, Inline, Roff};
 use plexus::api::{self, code};
-use plexus::{cni, config, device_info, duration, k8s, shim, spawner};
+use plexus::config::{self, Role};
+use plexus::{cni, device_info, duration, k8s, shim, spawner};
 
 /// Where `section 8` pages are filed, in the title line.
 const MANUAL: &str = "System Administration";
 /// What `Roff::render` puts before every page it renders; kept once.
 const APOSTROPHE_PREAMBLE: &str = ".ie \\n(.g .ds Aq \\(aq\n.el .ds Aq '\n";
-/// The exit status of a configuration error (EX_CONFIG, src/bin/daemon.rs).
-const EXIT_CONFIG: u8 = 78;
-/// The exit status when the system refuses something (EX_OSERR).
+/// The exit status of a configuration error (EX_CONFIG), as plexusd
+/// returns it.
+const EXIT_CONFIG: u8 = plexus::daemon::EXIT_CONFIG;
+/// The exit status when the system refuses something (EX_OSERR): the
+/// number src/bin/daemon.rs returns, which keeps it to itself.
 const EXIT_OS: u8 = 71;
+/// Where the packages install README.md and docs/.
+const DOC_DIR: &str = "/usr/share/doc/plexus";
 
 fn main() -> ExitCode {
     let Some(out) = std::env::args_os().nth(1).map(PathBuf::from) else {
@@ -360,87 +365,169 @@ fn arg_usage(a: &clap::Arg) -> String {
     }
 }
 
-/// FILES, EXIT STATUS, SIGNALS, ENVIRONMENT and SEE ALSO of plexusd(8).
+/// FILES (with the configuration's keys), EXIT STATUS, SIGNALS,
+/// ENVIRONMENT and SEE ALSO of plexusd(8).
 fn plexusd_reference() -> Page {
-    let bin_dirs = cni::DEFAULT_BIN_DIRS.join(":");
     let mut p = Page::default();
-    p.section("FILES")
-        .item(
-            &format!("`{}`", config::DEFAULT_CONFIG_PATH),
-            "The configuration (`--config`): multus's `daemon-config.json` keys and Plexus's \
-             own, described in `/usr/share/doc/plexus/README.md`. Read at start; a change \
-             takes effect with `systemctl restart plexusd`. Without the file, the built-in \
-             defaults apply.",
+    files(&mut p);
+    exit_status(&mut p);
+    signals(&mut p);
+    environment(&mut p);
+    p.section("SEE ALSO")
+        .para(
+            "`plexus-shim`(8), `systemd.socket`(5), `systemd.service`(5), `systemctl`(1), \
+             `journalctl`(1)",
         )
-        .item(
-            &format!("`{}`", socket_path()),
-            "The socket `plexus-shim` connects to (`socketDir`), created by `plexusd.socket`.",
-        )
-        .item(
-            &format!("`{}`", spawner::DEFAULT_SOCKET),
-            "The plugin spawner's socket (`pluginSpawner`), created by \
-             `plexus-plugins.socket`; `/usr/libexec/plexus/plexus-spawner`, run by \
-             `plexus-plugins.service`, starts the plugins there.",
-        )
-        .item(
-            "`/run/multus/multus.sock`",
-            "multus's socket path, served by `plexusd` when `plexusd-multus.socket` is enabled.",
-        )
-        .item(
-            &format!("`{}`", cni::DEFAULT_STATE_DIR),
-            "The state directory (`stateDir`): one record per container in `attachments/`, \
-             with what its ADD attached, so that DEL, CHECK and GC can undo and check it \
-             after a restart or a crash. `plexusd show` reads them. Deleting them leaves \
-             those containers' networks to be removed by hand.",
-        )
-        .item(
-            "`/etc/cni/net.d`",
-            &format!(
-                "The network configurations named by `clusterNetwork` and `defaultNetworks` \
-                 (`confDir`, as packaged; built in: `{}`). Changes are seen on the next call, \
-                 without a restart. The runtime's own configuration for `plexus-shim` is here \
-                 too (`generate-config` writes `00-plexus.conf`).",
-                cni::DEFAULT_CONF_DIR
-            ),
-        )
-        .item(
-            &format!("`{bin_dirs}`"),
-            "Where the plugins are found (`binDir`, a colon-separated list searched in order; \
-             a missing directory is skipped). The packages search `/opt/cni/bin` and the \
-             distribution's CNI directory (`/usr/lib/cni` on Debian, `/usr/libexec/cni` on \
-             Fedora).",
-        )
-        .item(
-            &format!("`{}`", cni::multus_cache::DEFAULT_CNI_DIR),
-            "multus's caches (`cniDir`), read and cleaned by DEL for containers multus attached.",
-        )
-        .item(
-            &format!("`{}`", device_info::DEFAULT_DIR),
-            "Device-info files (`deviceInfoDir`): device plugins write `dp/`; for a network \
-             with a `resourceName`, `plexusd` copies the device's file to `cni/` before the \
-             plugin runs, and removes it with the network's DEL.",
-        )
-        .item(
-            &format!("`{}`", k8s::devices::DEFAULT_POD_RESOURCES_SOCKET),
-            &format!(
-                "The kubelet's pod-resources socket (`podResourcesSocket`), asked for the \
-                 devices of a pod whose networks name a `resourceName`; when it is absent, the \
-                 kubelet's checkpoint `{}` (`deviceCheckpointFile`).",
-                k8s::devices::DEFAULT_CHECKPOINT_FILE
-            ),
-        )
-        .item(
-            "`/var/log/plexus`",
-            "The unit's log directory, for a `logFile`. Without one, the log goes to stderr, \
-             which systemd passes to the journal.",
-        )
-        .item(
-            "`/usr/lib/tmpfiles.d/plexus.conf`",
-            "Creates the directories `plexusd.service` may write (its sandbox makes the rest \
-             of the file system read-only): `/var/lib/cni`, `/run/cni` and \
-             `/run/k8s.cni.cncf.io`.",
-        );
+        .para("`/usr/share/doc/plexus/README.md`, `/usr/share/doc/plexus/docs/`");
+    p
+}
 
+/// FILES of plexusd(8).
+fn files(p: &mut Page) {
+    let bin_dirs = cni::DEFAULT_BIN_DIRS.join(":");
+    p.section("FILES").item(
+        &format!("`{}`", config::DEFAULT_CONFIG_PATH),
+        &format!(
+            "The configuration (`--config`), a JSON object: multus's `daemon-config.json` keys \
+             and Plexus's own, below (`{DOC_DIR}/README.md` has more). Read at start; a change \
+             takes effect with `systemctl restart plexusd`. Without the file, the built-in \
+             defaults apply. Durations are strings such as `\"500ms\"`, `\"10s\"`, \
+             `\"1h30m\"`; relative paths are taken from the file's directory; a key set to \
+             `null` counts as unset. A key that is none of these is logged as a warning, with \
+             the known key nearest to it."
+        ),
+    );
+    config_keys(p);
+    p.item(
+        &format!("`{}`", socket_path()),
+        "The socket `plexus-shim` connects to (`socketDir`), created by `plexusd.socket`.",
+    )
+    .item(
+        &format!("`{}`", spawner::DEFAULT_SOCKET),
+        "The plugin spawner's socket (`pluginSpawner`), created by \
+         `plexus-plugins.socket`; `/usr/libexec/plexus/plexus-spawner`, run by \
+         `plexus-plugins.service`, starts the plugins there.",
+    )
+    .item(
+        "`/run/multus/multus.sock`",
+        "multus's socket path, served by `plexusd` when `plexusd-multus.socket` is enabled.",
+    )
+    .item(
+        &format!("`{}`", cni::DEFAULT_STATE_DIR),
+        "The state directory (`stateDir`): one record per container in `attachments/`, \
+         with what its ADD attached, so that DEL, CHECK and GC can undo and check it \
+         after a restart or a crash. `plexusd show` reads them. Deleting them leaves \
+         those containers' networks to be removed by hand.",
+    )
+    .item(
+        "`/etc/cni/net.d`",
+        &format!(
+            "The network configurations named by `clusterNetwork` and `defaultNetworks` \
+             (`confDir`, as packaged; built in: `{}`). Changes are seen on the next call, \
+             without a restart. The runtime's own configuration for `plexus-shim` is here \
+             too (`generate-config` writes `00-plexus.conf`).",
+            cni::DEFAULT_CONF_DIR
+        ),
+    )
+    .item(
+        &format!("`{bin_dirs}`"),
+        "Where the plugins are found (`binDir`, a colon-separated list searched in order; \
+         a missing directory is skipped). The packages search `/opt/cni/bin` and the \
+         distribution's CNI directory (`/usr/lib/cni` on Debian, `/usr/libexec/cni` on \
+         Fedora).",
+    )
+    .item(
+        &format!("`{}`", cni::multus_cache::DEFAULT_CNI_DIR),
+        "multus's caches (`cniDir`), read and cleaned by DEL for containers multus attached.",
+    )
+    .item(
+        &format!("`{}`", device_info::DEFAULT_DIR),
+        "Device-info files (`deviceInfoDir`): device plugins write `dp/`; for a network \
+         with a `resourceName`, `plexusd` copies the device's file to `cni/` before the \
+         plugin runs, and removes it with the network's DEL.",
+    )
+    .item(
+        &format!("`{}`", k8s::devices::DEFAULT_POD_RESOURCES_SOCKET),
+        &format!(
+            "The kubelet's pod-resources socket (`podResourcesSocket`), asked for the \
+             devices of a pod whose networks name a `resourceName`; when it is absent, the \
+             kubelet's checkpoint `{}` (`deviceCheckpointFile`).",
+            k8s::devices::DEFAULT_CHECKPOINT_FILE
+        ),
+    )
+    .item(
+        "`/var/log/plexus`",
+        "The unit's log directory, for a `logFile`. Without one, the log goes to stderr, \
+         which systemd passes to the journal.",
+    )
+    .item(
+        "`/usr/lib/tmpfiles.d/plexus.conf`",
+        "Creates the directories `plexusd.service` may write (its sandbox makes the rest \
+         of the file system read-only): `/var/lib/cni`, `/run/cni` and \
+         `/run/k8s.cni.cncf.io`.",
+    );
+}
+
+/// The keys of daemon-config.json, under its entry in FILES.
+fn config_keys(p: &mut Page) {
+    p.roff.control("RS", []);
+    for key in config::KEYS {
+        let (tag, text) = match key.role {
+            Role::Read => (
+                format!("`{}` ({})", key.name, key.kind.text()),
+                format!("{}. Default: {}.", key.help, key.default.text()),
+            ),
+            role => (
+                format!("`{}`", key.name),
+                format!("{}: {}.", role.text(), key.help),
+            ),
+        };
+        p.tagged(inline(&tag), &[inline(&unlink(&text))]);
+    }
+    p.roff.control("RE", []);
+}
+
+/// Markdown links as a man page shows them: one to a Markdown file as
+/// the installed file's path, one to a section of README.md as that.
+fn unlink(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some((before, label, target, after)) = markdown_link(rest) {
+        out.push_str(before);
+        let (file, section) = target.split_once('#').unwrap_or((target, ""));
+        if file.is_empty() && !section.is_empty() {
+            out.push_str(&format!("`{DOC_DIR}/README.md`, section \"{label}\""));
+        } else if file.ends_with(".md") && !file.contains("://") {
+            out.push_str(&format!("`{DOC_DIR}/{file}`"));
+        } else {
+            out.push_str(label);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The first `[label](target)` of `text`: what is before it, its label
+/// and target, and what is after it.
+fn markdown_link(text: &str) -> Option<(&str, &str, &str, &str)> {
+    let open = text.find('[')?;
+    let middle = open + text[open..].find("](")?;
+    let close = middle + text[middle..].find(')')?;
+    let label = &text[open + 1..middle];
+    if label.contains('[') {
+        return None;
+    }
+    Some((
+        &text[..open],
+        label,
+        &text[middle + 2..close],
+        &text[close + 1..],
+    ))
+}
+
+/// EXIT STATUS of plexusd(8).
+fn exit_status(p: &mut Page) {
     p.section("EXIT STATUS")
         .item(
             "0",
@@ -461,14 +548,19 @@ fn plexusd_reference() -> Page {
         )
         .item(
             &EXIT_CONFIG.to_string(),
-            "The configuration is wrong (every problem is printed), a directory `plexusd` \
-             writes is not safe, the log file cannot be opened, the Kubernetes credentials \
-             cannot be used, or the sockets systemd passed are not usable (EX_CONFIG). \
-             `plexusd.service` is not restarted after it (`RestartPreventExitStatus=78`): \
-             fix the cause, check it with `plexusd --check-config`, then `systemctl restart \
-             plexusd`.",
+            &format!(
+                "The configuration is wrong (every problem is printed), a directory `plexusd` \
+                 writes is not safe, the log file cannot be opened, the Kubernetes credentials \
+                 cannot be used, or the sockets systemd passed are not usable (EX_CONFIG). \
+                 `plexusd.service` is not restarted after it \
+                 (`RestartPreventExitStatus={EXIT_CONFIG}`): fix the cause, check it with \
+                 `plexusd --check-config`, then `systemctl restart plexusd`."
+            ),
         );
+}
 
+/// SIGNALS of plexusd(8).
+fn signals(p: &mut Page) {
     p.section("SIGNALS")
         .item(
             "SIGTERM, SIGINT, SIGQUIT",
@@ -488,7 +580,10 @@ fn plexusd_reference() -> Page {
              call since systemd holds the socket. Network configurations in `confDir` and \
              NetworkAttachmentDefinitions are picked up without a signal.",
         );
+}
 
+/// ENVIRONMENT of plexusd(8).
+fn environment(p: &mut Page) {
     p.section("ENVIRONMENT")
         .item(
             "`LISTEN_FDS`, `LISTEN_PID`, `LISTEN_FDNAMES`",
@@ -523,21 +618,23 @@ fn plexusd_reference() -> Page {
             "The log level is the configuration's `logLevel`; `plexusd` reads no other \
              variables.",
         );
-
-    p.section("SEE ALSO")
-        .para(
-            "`plexus-shim`(8), `systemd.socket`(5), `systemd.service`(5), `systemctl`(1), \
-             `journalctl`(1)",
-        )
-        .para("`/usr/share/doc/plexus/README.md`, `/usr/share/doc/plexus/docs/`");
-    p
 }
 
 /// plexus-shim(8).
 fn shim_page() -> String {
-    let version = env!("CARGO_PKG_VERSION");
-    let sock = socket_path();
     let mut p = Page::default();
+    shim_synopsis(&mut p);
+    shim_description(&mut p);
+    shim_configuration(&mut p);
+    shim_environment(&mut p);
+    shim_error_codes(&mut p);
+    shim_files(&mut p);
+    p.render()
+}
+
+/// The title, NAME and SYNOPSIS of plexus-shim(8).
+fn shim_synopsis(p: &mut Page) {
+    let version = env!("CARGO_PKG_VERSION");
     p.roff.control(
         "TH",
         [
@@ -562,6 +659,11 @@ fn shim_page() -> String {
     p.roff.text(inline(
         "`plexus-shim` `--version` | `--help` (without `CNI_COMMAND`: for a person at a shell)",
     ));
+}
+
+/// DESCRIPTION and INSTALLATION of plexus-shim(8).
+fn shim_description(p: &mut Page) {
+    let sock = socket_path();
     p.section("DESCRIPTION")
         .para(&format!(
             "`plexus-shim` is the CNI plugin the container runtime executes. It does no \
@@ -600,12 +702,16 @@ fn shim_page() -> String {
              (disabled by default) writes one from the primary network's configuration, as \
              multus's auto configuration does.",
         );
+}
 
-    p.section("CONFIGURATION").para(
+/// CONFIGURATION of plexus-shim(8): the keys it reads.
+fn shim_configuration(p: &mut Page) {
+    p.section("CONFIGURATION").para(&format!(
         "The shim reads these keys of the network configuration on stdin; all are \
          optional. Durations are strings such as `\"500ms\"`, `\"10s\"`, `\"2m\"`. Every bad \
-         key is reported in one error (code 7).",
-    );
+         key is reported in one error (code {}).",
+        code::INVALID_NETWORK_CONFIG
+    ));
     p.item(
         &format!("`{}`", shim::KEY_SOCKET_DIR),
         &format!(
@@ -647,7 +753,10 @@ fn shim_page() -> String {
         "{\"cniVersion\": \"1.0.0\", \"name\": \"plexus\",",
         " \"plugins\": [{\"type\": \"plexus-shim\", \"daemonSocketDir\": \"/run/plexus\"}]}",
     ]);
+}
 
+/// ENVIRONMENT and EXIT STATUS of plexus-shim(8).
+fn shim_environment(p: &mut Page) {
     p.section("ENVIRONMENT").para(&format!(
         "The CNI variables: {}. `CNI_COMMAND` is one of ADD, DEL, CHECK, GC, STATUS, \
          VERSION; ADD, DEL and CHECK need `CNI_CONTAINERID` and `CNI_IFNAME`, ADD and CHECK \
@@ -671,12 +780,16 @@ fn shim_page() -> String {
              that did not reach the daemon is never reported as a success: the runtime must \
              retry it.",
         );
+}
 
+/// CNI ERROR CODES of plexus-shim(8).
+fn shim_error_codes(p: &mut Page) {
     p.section("CNI ERROR CODES")
-        .para(
-            "An error the daemon answered with is passed through with its own code (`plexusd` \
-             answers 11 when it is overloaded or stopping). The shim's own:",
-        )
+        .para(&format!(
+            "An error the daemon answered with is passed through with its own code \
+             (`plexusd` answers {} when it is overloaded or stopping). The shim's own:",
+            code::TRY_AGAIN_LATER
+        ))
         .item(
             &code::INCOMPATIBLE_VERSION.to_string(),
             "Unsupported `cniVersion`; CHECK, GC or STATUS with too old a configuration; a \
@@ -725,7 +838,11 @@ fn shim_page() -> String {
             "The daemon answered with an error that is not CNI error JSON (as a multus daemon \
              does), or with a CNI error without a code.",
         );
+}
 
+/// FILES and SEE ALSO of plexus-shim(8).
+fn shim_files(p: &mut Page) {
+    let sock = socket_path();
     p.section("FILES")
         .item(
             &format!("`{sock}`"),
@@ -748,5 +865,4 @@ fn shim_page() -> String {
         "`plexusd`(8), `systemctl`(1), `/usr/share/doc/plexus/docs/shim.md`, and the CNI \
          specification, https://www.cni.dev/docs/spec/.",
     );
-    p.render()
 }

@@ -23,6 +23,7 @@ mod client_answers;
 mod cni_faults;
 mod cni_networks;
 mod cni_plugins;
+mod config_keys;
 mod config_overlay;
 mod crash_recovery;
 mod cri;

@@ -262,11 +262,9 @@ impl Engine {
                         .map(|c| serde_json::json!({"containerID": c.container_id, "ifname": c.ifname})),
                 )
                 .collect();
-            let valid_value = if attachments.is_empty() {
-                Value::Null
-            } else {
-                Value::Array(attachments)
-            };
+            // A list even when it is empty: the CNI spec's
+            // `cni.dev/valid-attachments` is an array, never null.
+            let valid_value = Value::Array(attachments);
             for (i, plugin, version) in plugins {
                 let mut stdin = stdin_object(list, i, &version);
                 stdin.insert("cni.dev/valid-attachments".into(), valid_value.clone());

@@ -108,3 +108,21 @@ async fn check_should_report_the_first_plugin_that_disagrees() {
     assert_eq!(names, ["a", "b", "c", "a", "b"]);
     assert!(checks.iter().all(|c| prev_of(c).as_deref() == Some("c")));
 }
+
+/// The CNI spec's `cni.dev/valid-attachments` is a list: when nothing is
+/// valid (here the one recorded attachment is stale and swept first),
+/// the plugins get an empty one, not `null`.
+#[tokio::test]
+async fn gc_with_no_valid_attachment_should_send_the_plugins_an_empty_list() {
+    let s = super::scripted::scripted();
+    s.add("c1", "eth0").await.unwrap();
+    let n = net("n", &super::scripted::PLUGINS);
+    s.engine.gc(&valid(&[]), &[n]).await.unwrap();
+    assert_eq!(s.record("c1"), None);
+    for plugin in super::scripted::PLUGINS {
+        let gcs = s.gcs_of(plugin);
+        assert_eq!(gcs.len(), 1, "{plugin}: {gcs:?}");
+        assert_eq!(gcs[0]["cni.dev/valid-attachments"], json!([]), "{plugin}");
+        assert_eq!(gcs[0]["cni.dev/attachments"], json!([]), "{plugin}");
+    }
+}

@@ -455,3 +455,4 @@ mod del_check_gc;
 mod multus;
 mod records;
 mod rollback;
+mod scripted;

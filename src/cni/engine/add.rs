@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use super::chain::{declared_capabilities, recorded_capabilities};
-use super::cleanup::Failed;
+use super::cleanup::FailedDel;
 use super::lock::Loaded;
 use super::{AddedNetwork, Engine, Error, ErrorKind, Planned};
 use crate::api::{code, Command};
@@ -298,7 +298,7 @@ impl Engine {
             let e = Error::join(Command::Del, "the rollback", errors);
             tracing::warn!(container_id = %inv.container_id, cause = %e, "rollback after a failed ADD left errors; the attachment stays recorded for DEL");
             let text = e.to_string();
-            self.note_failure(&mut record.attachments[slot], &text, Failed::Rollback)
+            self.note_failure(&mut record.attachments[slot], &text, FailedDel::Rollback)
                 .await;
             if !cause.details.is_empty() {
                 cause.details.push_str("; ");

@@ -17,11 +17,10 @@ use crate::netconf::{at_least, negotiate, Invocation, NetworkList};
 use crate::{netconf, result};
 
 /// A network's plugins, located, each with the version it runs at.
-pub(super) struct Prepared {
+pub(super) struct LocatedPlugins {
     pub(super) plugins: Vec<(Plugin, String)>,
 }
 
-/// The network configuration a delegate was added with, from its record.
 /// The plugin types of every network in `record`, once each.
 pub(super) fn recorded_types(record: &Record) -> Vec<String> {
     let mut types: Vec<String> = Vec::new();
@@ -39,6 +38,7 @@ pub(super) fn recorded_types(record: &Record) -> Vec<String> {
     types
 }
 
+/// The network configuration a delegate was added with, from its record.
 pub(super) fn recorded_list(d: &Delegate) -> Result<NetworkList, netconf::ConfigError> {
     NetworkList::from_value(
         &PathBuf::from(format!("<record of network {}>", d.name)),
@@ -215,7 +215,7 @@ impl Engine {
         &self,
         list: &NetworkList,
         command: Command,
-    ) -> Result<Prepared, Error> {
+    ) -> Result<LocatedPlugins, Error> {
         self.prepare_with(list, command, &[]).await
     }
 
@@ -226,7 +226,7 @@ impl Engine {
         list: &NetworkList,
         command: Command,
         found: &[Plugin],
-    ) -> Result<Prepared, Error> {
+    ) -> Result<LocatedPlugins, Error> {
         let candidates = Self::candidates(list)?;
         let mut plugins = Vec::with_capacity(list.plugins.len());
         for i in 0..list.plugins.len() {
@@ -243,7 +243,7 @@ impl Engine {
             let version = self.version_for(list, &candidates, &plugin).await?;
             plugins.push((plugin, version));
         }
-        Ok(Prepared { plugins })
+        Ok(LocatedPlugins { plugins })
     }
 
     /// The environment of one network's plugins: the call's, with the
@@ -276,13 +276,13 @@ impl Engine {
     pub(super) async fn add_chain(
         &self,
         list: &NetworkList,
-        prepared: &Prepared,
+        located: &LocatedPlugins,
         env: &CallEnv,
         cap_args: &Map<String, Value>,
         mut gate: Option<Gate>,
     ) -> Result<Value, (Error, Option<Value>)> {
         let mut prev: Option<Value> = None;
-        for (i, (plugin, version)) in prepared.plugins.iter().enumerate() {
+        for (i, (plugin, version)) in located.plugins.iter().enumerate() {
             let prev_here = prev.as_ref().and_then(|p| convert_for(p, version));
             let stdin = stdin_for(list, i, version, Command::Add, prev_here, cap_args);
             let run = match gate.take() {

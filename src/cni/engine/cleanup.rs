@@ -11,15 +11,15 @@ use crate::cni::state::{Attachment, Cleanup, Record};
 use crate::metrics::CleanupLabels;
 use crate::netconf::Invocation;
 
-/// Who ran the DEL that failed.
+/// A DEL that failed, by who ran it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Failed {
+pub(super) enum FailedDel {
     /// The runtime's DEL call.
     Runtime,
     /// The rollback of a failed ADD (the ADD's error reached the runtime).
     Rollback,
     /// plexusd's own retry; `netns_gone`: it ran without the namespace.
-    Own { netns_gone: bool },
+    Retry { netns_gone: bool },
 }
 
 /// What the retry task knows of a container with a pending cleanup.
@@ -136,7 +136,7 @@ impl Engine {
         &self,
         att: &mut Attachment,
         error: &str,
-        who: Failed,
+        who: FailedDel,
     ) -> bool {
         let policy = &self.config.cleanup;
         let now = now_ms();
@@ -161,19 +161,19 @@ impl Engine {
         c.failures = c.failures.saturating_add(1);
         c.last_error = error.to_string();
         c.same_while_gone = match who {
-            Failed::Own { netns_gone: true } if same => c.same_while_gone.saturating_add(1),
-            Failed::Own { netns_gone: true } => 1,
+            FailedDel::Retry { netns_gone: true } if same => c.same_while_gone.saturating_add(1),
+            FailedDel::Retry { netns_gone: true } => 1,
             _ => 0,
         };
         // The first retry one interval after any failure; each of
         // plexusd's own failures doubles the wait, up to 64 intervals.
-        if matches!(who, Failed::Own { .. }) {
+        if matches!(who, FailedDel::Retry { .. }) {
             c.retries = c.retries.saturating_add(1);
         }
         let factor = (1u32 << c.retries.min(6)).min(MAX_BACKOFF_FACTOR);
         let wait = policy.retry_interval.saturating_mul(factor);
         c.next_attempt_ms = now.saturating_add(wait.as_millis() as u64);
-        if who != Failed::Runtime {
+        if who != FailedDel::Runtime {
             return false;
         }
         if c.handed_over {
@@ -261,14 +261,6 @@ impl Engine {
             .retry_interval
             .min(std::time::Duration::from_secs(1))
             .max(std::time::Duration::from_millis(10))
-    }
-
-    /// Containers with a pending cleanup (the start-up scan fills this).
-    pub fn pending_cleanups(&self) -> usize {
-        self.cleanups
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
     }
 
     /// Reads every record once and takes note of the pending cleanups
@@ -403,7 +395,7 @@ impl Engine {
                 self.note_failure(
                     left,
                     &text,
-                    Failed::Own {
+                    FailedDel::Retry {
                         netns_gone: netns.is_empty(),
                     },
                 )

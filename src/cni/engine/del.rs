@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 use super::chain::{declared_capabilities, recorded_list};
-use super::cleanup::{Failed, Tracked};
+use super::cleanup::{FailedDel, Tracked};
 use super::lock::Loaded;
 use super::multus::Multus;
 use super::{blocking, Engine, Error, Planned};
@@ -160,7 +160,7 @@ impl Engine {
             a.ifname == inv.ifname || a.hot_plugged_into.as_deref() == Some(inv.ifname.as_str())
         }) {
             left += 1;
-            if self.note_failure(a, &text, Failed::Runtime).await {
+            if self.note_failure(a, &text, FailedDel::Runtime).await {
                 handed_over += 1;
             }
         }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
+use super::fault::Step;
 use super::{Engine, Error, ErrorKind};
 use crate::api::{code, Command};
 use crate::cni::exec;
@@ -227,6 +228,7 @@ impl Engine {
         command: Command,
         found: &[Plugin],
     ) -> Result<LocatedPlugins, Error> {
+        self.fault(Step::Prepare)?;
         let candidates = Self::candidates(list)?;
         let mut plugins = Vec::with_capacity(list.plugins.len());
         for i in 0..list.plugins.len() {

@@ -4,7 +4,8 @@
 use serde_json::{Map, Value};
 
 use super::chain::{convert_for, recorded_list, stdin_for};
-use super::lock::Loaded;
+use super::fault::Step;
+use super::lock::{Loaded, Take};
 use super::multus::Multus;
 use super::{Engine, Error, ErrorKind};
 use crate::api::{code, Command};
@@ -16,12 +17,11 @@ impl Engine {
     /// CHECK: verifies every recorded network of the attachment with the
     /// recorded result, in order; the first failure is returned.
     pub async fn check(&self, inv: &Invocation) -> Result<(), Error> {
-        let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Check, &inv.netns)))
-            .await?;
-        let out = self.check_locked(inv, loaded).await;
-        self.unlock(&inv.container_id, lock).await;
-        out
+        let take = Take::call(Command::Check, &inv.netns);
+        self.locked(&inv.container_id, take, |loaded| {
+            self.check_locked(inv, loaded)
+        })
+        .await
     }
 
     async fn check_locked(&self, inv: &Invocation, loaded: Loaded) -> Result<(), Error> {
@@ -95,8 +95,9 @@ impl Engine {
         if list.disable_check {
             return Ok(());
         }
-        let prepared = self.prepare(list, Command::Check).await?;
-        for (i, (plugin, version)) in prepared.plugins.iter().enumerate() {
+        self.fault(Step::CheckNetwork)?;
+        let located = self.prepare(list, Command::Check).await?;
+        for (i, (plugin, version)) in located.plugins.iter().enumerate() {
             if !at_least(version, "0.4.0") {
                 continue;
             }
@@ -117,12 +118,12 @@ impl Engine {
         if !list.version().is_some_and(|v| at_least(&v, "1.1.0")) {
             return Ok(());
         }
-        let prepared = self.prepare(list, Command::Status).await?;
+        let located = self.prepare(list, Command::Status).await?;
         let env = CallEnv {
             command: Command::Status.as_str(),
             ..CallEnv::default()
         };
-        for (i, (plugin, version)) in prepared.plugins.iter().enumerate() {
+        for (i, (plugin, version)) in located.plugins.iter().enumerate() {
             if !at_least(version, "1.1.0") {
                 continue;
             }

@@ -5,6 +5,8 @@
 use std::os::unix::fs::MetadataExt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::fault::Step;
+use super::lock::{Last, Take};
 use super::{blocking, Engine, Error};
 use crate::api::Command;
 use crate::cni::state::{Attachment, Cleanup, Record};
@@ -21,6 +23,9 @@ pub(super) enum FailedDel {
     /// plexusd's own retry; `netns_gone`: it ran without the namespace.
     Retry { netns_gone: bool },
 }
+
+/// [`FailedDel`] under its earlier name, for plan.rs.
+pub(super) type Failed = FailedDel;
 
 /// What the retry task knows of a container with a pending cleanup.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -309,37 +314,39 @@ impl Engine {
     /// Retries every pending cleanup of container `id` (its earliest is
     /// due; the others go along, a little early).
     async fn retry_container(&self, id: &str) {
-        let (lock, loaded) = match self.lock_op_with(id, None, Vec::new(), true).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(container_id = %id, cause = %e, "cannot lock the container to retry its DEL");
-                return;
-            }
-        };
-        let Some(mut record) = loaded.record else {
-            self.unlock(id, lock).await;
-            self.track(id, None);
-            return;
-        };
-        let due: Vec<String> = record
-            .attachments
-            .iter()
-            .filter(|a| a.cleanup.is_some())
-            .map(|a| a.ifname.clone())
-            .collect();
-        for ifname in due {
-            self.retry_attachment(id, &ifname, &mut record, &loaded.found)
-                .await;
-        }
-        let tracked = Tracked::of(&record);
-        match self.save_and_unlock(id, lock, record).await {
-            Ok(()) => self.track(id, tracked),
-            Err((e, lock)) => {
-                tracing::warn!(container_id = %id, cause = %e, "cannot write the record after retrying its DEL");
-                if let Some(lock) = lock {
-                    self.unlock(id, lock).await;
-                }
-            }
+        let retried = self
+            .locked_with_last_write(
+                id,
+                Take::own().for_del(),
+                |loaded| async move {
+                    let Some(mut record) = loaded.record else {
+                        self.track(id, None);
+                        return Ok(Last::Answer(()));
+                    };
+                    let due: Vec<String> = record
+                        .attachments
+                        .iter()
+                        .filter(|a| a.cleanup.is_some())
+                        .map(|a| a.ifname.clone())
+                        .collect();
+                    for ifname in due {
+                        self.retry_attachment(id, &ifname, &mut record, &loaded.found)
+                            .await;
+                    }
+                    Ok(Last::Save {
+                        record,
+                        answer: Ok(()),
+                        track: true,
+                    })
+                },
+                |failed| async move {
+                    tracing::warn!(container_id = %id, cause = %failed.error, "cannot write the record after retrying its DEL");
+                    Ok(())
+                },
+            )
+            .await;
+        if let Err(e) = retried {
+            tracing::warn!(container_id = %id, cause = %e, "cannot lock the container to retry its DEL");
         }
     }
 
@@ -372,10 +379,14 @@ impl Engine {
                 _ => None,
             }
         };
-        let inv = match Invocation::from_env(env) {
+        let made = match self.fault(Step::RetryCall) {
+            Ok(()) => Invocation::from_env(env).map_err(|e| e.msg),
+            Err(e) => Err(e.msg),
+        };
+        let inv = match made {
             Ok(inv) => inv,
-            Err(e) => {
-                tracing::error!(container_id = %id, ifname, cause = %e.msg, "a pending cleanup's record cannot make a DEL call");
+            Err(why) => {
+                tracing::error!(container_id = %id, ifname, cause = %why, "a pending cleanup's record cannot make a DEL call");
                 return;
             }
         };

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 use super::chain::{declared_capabilities, recorded_list};
-use super::cleanup::{FailedDel, Tracked};
-use super::lock::Loaded;
+use super::cleanup::FailedDel;
+use super::fault::Step;
+use super::lock::{Last, Loaded, Take, Unrecorded};
 use super::multus::Multus;
 use super::{blocking, Engine, Error, Planned};
 use crate::api::Command;
@@ -35,7 +36,10 @@ impl Engine {
         };
         let env = self.call_env(Command::Del, inv, &d.ifname, netns, d.cni_args.as_deref());
         let cap_args = d.capability_args_in(att);
-        let errors = self.del_chain(&list, &env, cap_args, prev, found).await;
+        let mut errors = self.del_chain(&list, &env, cap_args, prev, found).await;
+        if let Err(e) = self.fault(Step::DelNetwork) {
+            errors.push(e);
+        }
         if errors.is_empty() {
             self.remove_device_info(cap_args).await;
         }
@@ -96,24 +100,74 @@ impl Engine {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
     {
-        let (lock, loaded) = self
-            .lock_op_with(
-                &inv.container_id,
-                Some((Command::Del, &inv.netns)),
-                Vec::new(),
-                true,
-            )
-            .await?;
+        let take = Take::call(Command::Del, &inv.netns).for_del();
+        self.locked_with_last_write(
+            &inv.container_id,
+            take,
+            |loaded| self.del_locked(inv, cap_args, fallback, loaded),
+            // A failed write of what is left of the record is the DEL's
+            // error, unless a plugin failed already: then the old record
+            // stays (it names more than is left, which the next DEL runs
+            // again; DEL is idempotent) and the plugin's error is the one
+            // to report, the write's is logged (on a full disk, it is this
+            // one).
+            |failed| async move {
+                match failed.answer {
+                    Ok(()) => Err(failed.error),
+                    Err(first) => {
+                        tracing::warn!(container_id = %inv.container_id, cause = %failed.error, "cannot write what is left of the record after a failed DEL; the record stays as it was");
+                        Err(first)
+                    }
+                }
+            },
+        )
+        .await
+    }
+
+    /// [`Engine::del`] under the container's lock: the record to write
+    /// last, when the DEL changed it.
+    async fn del_locked<F, Fut>(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        fallback: F,
+        loaded: Loaded,
+    ) -> Result<Last<()>, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Vec<Planned>, Error>>,
+    {
         let had_failed = loaded.record.as_ref().is_some_and(|r| {
             r.attachments
                 .iter()
                 .any(|a| a.ifname == inv.ifname && a.cleanup.is_some())
         });
-        let (mut out, changed) = self.del_or_fall_back(inv, cap_args, fallback, loaded).await;
-        let Some(mut record) = changed else {
-            self.unlock(&inv.container_id, lock).await;
-            return out;
-        };
+        let mut record = loaded
+            .record
+            .unwrap_or_else(|| Record::new(&inv.container_id));
+        let hot_plugged = record.hot_plugged(&inv.ifname);
+        if record.attachment(&inv.ifname).is_none() && hot_plugged.is_empty() {
+            let unrecorded = match loaded.unrecorded {
+                Some(u) => u,
+                None => self.load_unrecorded(&inv.container_id).await?,
+            };
+            let lost = loaded.set_aside || unrecorded.was_set_aside;
+            match self
+                .del_unrecorded(inv, &cap_args, unrecorded.multus, lost)
+                .await
+            {
+                NotRecorded::Done(out) => return out.map(Last::Answer),
+                NotRecorded::FallBack => {
+                    let planned = fallback().await?;
+                    record
+                        .attachments
+                        .push(fallback_attachment(inv, cap_args, planned));
+                }
+            }
+        }
+        let mut out = self
+            .del_with_hot_plugged(inv, &hot_plugged, &mut record, &loaded.found)
+            .await;
         if let Err(e) = &out {
             if self.hand_over(inv, &mut record, e).await {
                 out = Ok(());
@@ -122,29 +176,99 @@ impl Engine {
             tracing::info!(container_id = %inv.container_id, ifname = %inv.ifname, "a DEL that had failed has now succeeded");
             self.count("done");
         }
-        let tracked = Tracked::of(&record);
-        // A failed write of what is left of the record is the DEL's error,
-        // unless a plugin failed already: then the old record stays (it
-        // names more than is left, which the next DEL runs again; DEL is
-        // idempotent) and the plugin's error is the one to report, the
-        // write's is logged (on a full disk, it is this one).
-        match self.save_and_unlock(&inv.container_id, lock, record).await {
-            Ok(()) => {
-                self.track(&inv.container_id, tracked);
-                out
+        Ok(Last::Save {
+            record,
+            answer: out,
+            track: true,
+        })
+    }
+
+    /// What a DEL finds of container `id` when nothing is recorded for
+    /// its interface and nothing was read as its locks were taken (see
+    /// [`Take::for_del`]): multus's delegate cache (a damaged one is
+    /// moved aside) and whether a record of it was ever set aside.
+    async fn load_unrecorded(&self, id: &str) -> Result<Unrecorded, Error> {
+        self.fault(Step::Unrecorded)?;
+        let multus = self.load_multus(id).await?;
+        let was_set_aside = match multus {
+            Multus::SetAside => true,
+            _ => {
+                let store = self.store.clone();
+                let cid = id.to_string();
+                blocking(move || store.was_set_aside(&cid)).await?
             }
-            Err((e, lock)) => {
-                if let Some(lock) = lock {
-                    self.unlock(&inv.container_id, lock).await;
-                }
-                match out {
-                    Ok(()) => Err(e),
-                    Err(first) => {
-                        tracing::warn!(container_id = %inv.container_id, cause = %e, "cannot write what is left of the record after a failed DEL; the record stays as it was");
-                        Err(first)
-                    }
-                }
+        };
+        Ok(Unrecorded {
+            multus,
+            was_set_aside,
+        })
+    }
+
+    /// The DEL of an interface nothing is recorded for: multus's networks
+    /// when it attached the container before plexusd took over; else,
+    /// when the container's record was `lost` (damaged, now or before),
+    /// the configured networks; else nothing.
+    async fn del_unrecorded(
+        &self,
+        inv: &Invocation,
+        cap_args: &Map<String, Value>,
+        multus: Multus,
+        lost: bool,
+    ) -> NotRecorded {
+        if let Multus::Delegates(delegates) = &multus {
+            tracing::info!(container_id = %inv.container_id, ifname = %inv.ifname, networks = delegates.len(), "no record of its own: DEL runs the networks multus cached for the container");
+            let out = self
+                .del_multus(inv, &inv.netns, &inv.ifname, delegates, cap_args)
+                .await;
+            return NotRecorded::Done(out);
+        }
+        if lost || matches!(multus, Multus::SetAside) {
+            NotRecorded::FallBack
+        } else {
+            NotRecorded::Done(Ok(()))
+        }
+    }
+
+    /// The DEL of attachment `inv.ifname` of `record` and, first, of the
+    /// networks hot-plugged into it, newest first, as a DEL undoes an ADD:
+    /// nothing of them may outlive the pod. Every error is collected.
+    async fn del_with_hot_plugged(
+        &self,
+        inv: &Invocation,
+        hot_plugged: &[String],
+        record: &mut Record,
+        found: &[Plugin],
+    ) -> Result<(), Error> {
+        let mut errors = Vec::new();
+        for ifname in hot_plugged.iter().rev() {
+            let one = Invocation {
+                ifname: ifname.clone(),
+                ..inv.clone()
+            };
+            if let Err(e) = self
+                .del_attachment_unsaved(&one, &inv.netns, record, found)
+                .await
+            {
+                errors.push(e);
             }
+        }
+        if let Err(e) = self
+            .del_attachment_unsaved(inv, &inv.netns, record, found)
+            .await
+        {
+            errors.push(e);
+        }
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::join(
+                Command::Del,
+                &format!(
+                    "container {:?} ifname {:?} and the networks hot-plugged into it",
+                    inv.container_id, inv.ifname
+                ),
+                errors,
+            )),
         }
     }
 
@@ -173,121 +297,6 @@ impl Engine {
             .map_or(0, |c| c.failures);
         tracing::warn!(container_id = %inv.container_id, ifname = %inv.ifname, failures, cause = %text, "DEL failed again: answered with success so that the runtime can let the container go; plexusd keeps what is left and retries it on its own");
         true
-    }
-
-    async fn del_or_fall_back<F, Fut>(
-        &self,
-        inv: &Invocation,
-        cap_args: Map<String, Value>,
-        fallback: F,
-        loaded: Loaded,
-    ) -> (Result<(), Error>, Option<Record>)
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<Vec<Planned>, Error>>,
-    {
-        let mut record = loaded
-            .record
-            .unwrap_or_else(|| Record::new(&inv.container_id));
-        let hot_plugged = record.hot_plugged(&inv.ifname);
-        if record.attachment(&inv.ifname).is_none() && hot_plugged.is_empty() {
-            // A container multus attached before plexusd took over.
-            let (multus, was_set_aside) = match loaded.unrecorded {
-                Some(u) => (u.multus, Some(u.was_set_aside)),
-                None => match self.load_multus(&inv.container_id).await {
-                    Ok(m) => (m, None),
-                    Err(e) => return (Err(e), None),
-                },
-            };
-            if let Multus::Delegates(delegates) = &multus {
-                tracing::info!(container_id = %inv.container_id, ifname = %inv.ifname, networks = delegates.len(), "no record of its own: DEL runs the networks multus cached for the container");
-                let out = self
-                    .del_multus(inv, &inv.netns, &inv.ifname, delegates, &cap_args)
-                    .await;
-                return (out, None);
-            }
-            let lost = loaded.set_aside
-                || matches!(multus, Multus::SetAside)
-                || match was_set_aside {
-                    Some(known) => known,
-                    None => {
-                        let store = self.store.clone();
-                        let cid = inv.container_id.clone();
-                        match blocking(move || store.was_set_aside(&cid)).await {
-                            Ok(known) => known,
-                            Err(e) => return (Err(e), None),
-                        }
-                    }
-                };
-            if !lost {
-                return (Ok(()), None);
-            }
-            let planned = match fallback().await {
-                Ok(p) => p,
-                Err(e) => return (Err(e), None),
-            };
-            let names: Vec<&str> = planned.iter().map(|p| p.list.name.as_str()).collect();
-            tracing::warn!(container_id = %inv.container_id, ifname = %inv.ifname, networks = ?names, "the container's record was damaged: DEL runs the configured networks");
-            // Recorded like an ADD that was cut short, so that whatever
-            // fails here stays recorded for the next DEL.
-            let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
-            record.attachments.push(Attachment {
-                fell_back: true,
-                hot_plugged_into: None,
-                cleanup: None,
-                ifname: inv.ifname.clone(),
-                netns: inv.netns.clone(),
-                cni_args: inv.args.clone(),
-                capability_args: cap_args,
-                delegates: planned
-                    .into_iter()
-                    .map(|p| Delegate {
-                        name: p.list.name.clone(),
-                        ifname: p.ifname,
-                        primary: p.primary,
-                        state: State::Adding,
-                        config: p.list.to_value(),
-                        capability_args: None,
-                        cni_args: None,
-                        result: None,
-                    })
-                    .collect(),
-            });
-        }
-        // Networks hot-plugged into this attachment go first, newest first,
-        // as a DEL undoes an ADD: nothing of them may outlive the pod.
-        let mut errors = Vec::new();
-        for ifname in hot_plugged.iter().rev() {
-            let one = Invocation {
-                ifname: ifname.clone(),
-                ..inv.clone()
-            };
-            if let Err(e) = self
-                .del_attachment_unsaved(&one, &inv.netns, &mut record, &loaded.found)
-                .await
-            {
-                errors.push(e);
-            }
-        }
-        if let Err(e) = self
-            .del_attachment_unsaved(inv, &inv.netns, &mut record, &loaded.found)
-            .await
-        {
-            errors.push(e);
-        }
-        let out = match errors.len() {
-            0 => Ok(()),
-            1 => Err(errors.remove(0)),
-            _ => Err(Error::join(
-                Command::Del,
-                &format!(
-                    "container {:?} ifname {:?} and the networks hot-plugged into it",
-                    inv.container_id, inv.ifname
-                ),
-                errors,
-            )),
-        };
-        (out, Some(record))
     }
 
     /// DELs attachment `inv.ifname` of `record` (which must hold it) and
@@ -357,5 +366,49 @@ impl Engine {
         }
         record.attachments.retain(|a| !a.delegates.is_empty());
         Error::dels_ok(&inv, errors)
+    }
+}
+
+/// What the DEL of an interface nothing is recorded for does.
+enum NotRecorded {
+    /// This, and nothing else: multus's networks were DELed, or there is
+    /// nothing to DEL.
+    Done(Result<(), Error>),
+    /// The container's record was lost: the configured networks are DELed.
+    FallBack,
+}
+
+/// The configured networks a DEL falls back to, `planned`, recorded like
+/// an ADD that was cut short, so that whatever fails stays recorded for
+/// the next DEL.
+fn fallback_attachment(
+    inv: &Invocation,
+    cap_args: Map<String, Value>,
+    planned: Vec<Planned>,
+) -> Attachment {
+    let names: Vec<&str> = planned.iter().map(|p| p.list.name.as_str()).collect();
+    tracing::warn!(container_id = %inv.container_id, ifname = %inv.ifname, networks = ?names, "the container's record was damaged: DEL runs the configured networks");
+    let cap_args = declared_capabilities(planned.iter().map(|p| &p.list), cap_args);
+    Attachment {
+        fell_back: true,
+        hot_plugged_into: None,
+        cleanup: None,
+        ifname: inv.ifname.clone(),
+        netns: inv.netns.clone(),
+        cni_args: inv.args.clone(),
+        capability_args: cap_args,
+        delegates: planned
+            .into_iter()
+            .map(|p| Delegate {
+                name: p.list.name.clone(),
+                ifname: p.ifname,
+                primary: p.primary,
+                state: State::Adding,
+                config: p.list.to_value(),
+                capability_args: None,
+                cni_args: None,
+                result: None,
+            })
+            .collect(),
     }
 }

@@ -3,14 +3,15 @@
 
 use std::collections::BTreeSet;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::chain::stdin_object;
-use super::lock::Loaded;
+use super::lock::{Loaded, Take};
 use super::{blocking, Engine, Error, ErrorKind};
 use crate::api::{code, Command};
 use crate::cni::exec::{CallEnv, Plugin};
-use crate::cni::state::Attachment;
+use crate::cni::multus_cache::CachedResult;
+use crate::cni::state::{Attachment, Held, Record};
 use crate::netconf::{at_least, Invocation, NetworkList};
 
 fn is_valid(id: &str, att: &Attachment, valid: &BTreeSet<(String, String)>) -> bool {
@@ -49,15 +50,15 @@ impl Engine {
                 // a second look under the lock decides.
                 _ => {}
             }
-            let (lock, loaded) = match self.lock_op(&id, None).await {
-                Ok(l) => l,
-                Err(e) => {
-                    errors.push(e);
-                    continue;
-                }
-            };
-            errors.extend(self.gc_container(&id, loaded, valid, &mut failed).await);
-            self.unlock(&id, lock).await;
+            let swept = self
+                .locked(&id, Take::own(), |loaded| async {
+                    Ok(self.gc_container(&id, loaded, valid, &mut failed).await)
+                })
+                .await;
+            match swept {
+                Ok(errs) => errors.extend(errs),
+                Err(e) => errors.push(e),
+            }
         }
         // DELs that failed before: retried by the retry task within a
         // tick, whether due or not.
@@ -152,30 +153,9 @@ impl Engine {
         failed: &BTreeSet<(String, String)>,
         multus_failed: &BTreeSet<String>,
     ) -> Vec<Error> {
-        let mut errors = Vec::new();
         // Worked out before the exclusive lock: VERSION runs may be slow,
         // and with no plugin to run, nothing is locked at all.
-        let mut work = Vec::new();
-        for list in lists {
-            if list.disable_gc || !list.version().is_some_and(|v| at_least(&v, "1.1.0")) {
-                continue;
-            }
-            match self.prepare(list, Command::Gc).await {
-                Ok(p) => {
-                    let plugins: Vec<(usize, Plugin, String)> = p
-                        .plugins
-                        .into_iter()
-                        .enumerate()
-                        .filter(|(_, (_, v))| at_least(v, "1.1.0"))
-                        .map(|(i, (p, v))| (i, p, v))
-                        .collect();
-                    if !plugins.is_empty() {
-                        work.push((list, plugins));
-                    }
-                }
-                Err(e) => errors.push(e),
-            }
-        }
+        let (work, mut errors) = self.gc_work(lists).await;
         if work.is_empty() {
             return errors;
         }
@@ -206,36 +186,9 @@ impl Engine {
             ));
             return errors;
         };
-        let locks = self.locks.clone();
-        let _gc_file = match blocking(move || locks.gc_exclusive()).await {
-            Ok(Ok(h)) => h,
-            Ok(Err(e)) => {
-                errors.push(Error::state(e));
-                return errors;
-            }
+        let (_gc_file, records, multus_cached) = match self.gc_listing().await {
+            Ok(listed) => listed,
             Err(e) => {
-                errors.push(e);
-                return errors;
-            }
-        };
-        let store = self.store.clone();
-        let multus = self.multus.clone();
-        let records = blocking(move || -> Result<_, Error> {
-            let mut out = Vec::new();
-            for id in store.list().map_err(Error::state)? {
-                // A damaged record names nothing that could be kept.
-                if let Ok(Some(r)) = store.load(&id) {
-                    out.push(r);
-                }
-            }
-            // Not one cache may be missed: a plugin frees what is not listed.
-            let cached = multus.results().map_err(Error::state)?;
-            Ok((out, cached))
-        })
-        .await;
-        let (records, multus_cached) = match records {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) | Err(e) => {
                 errors.push(e);
                 return errors;
             }
@@ -245,30 +198,17 @@ impl Engine {
             ..CallEnv::default()
         };
         for (list, plugins) in work {
-            let attachments: Vec<Value> = records
-                .iter()
-                .flat_map(|r| {
-                    r.attachments
-                        .iter()
-                        .filter(|a| !failed.contains(&(r.container_id.clone(), a.ifname.clone())))
-                        .flat_map(|a| a.delegates.iter())
-                        .filter(|d| d.name == list.name)
-                        .map(|d| serde_json::json!({"containerID": r.container_id, "ifname": d.ifname}))
-                })
-                .chain(
-                    multus_cached
-                        .iter()
-                        .filter(|c| c.network == list.name && !multus_failed.contains(&c.container_id))
-                        .map(|c| serde_json::json!({"containerID": c.container_id, "ifname": c.ifname})),
-                )
-                .collect();
-            // A list even when it is empty: the CNI spec's
-            // `cni.dev/valid-attachments` is an array, never null.
-            let valid_value = Value::Array(attachments);
+            let valid = Value::Array(valid_attachments(
+                list,
+                &records,
+                failed,
+                &multus_cached,
+                multus_failed,
+            ));
             for (i, plugin, version) in plugins {
                 let mut stdin = stdin_object(list, i, &version);
-                stdin.insert("cni.dev/valid-attachments".into(), valid_value.clone());
-                stdin.insert("cni.dev/attachments".into(), valid_value.clone());
+                stdin.insert("cni.dev/valid-attachments".into(), valid.clone());
+                stdin.insert("cni.dev/attachments".into(), valid.clone());
                 let stdin = serde_json::to_vec(&Value::Object(stdin)).unwrap_or_default();
                 if let Err(e) = self.runner.run(&plugin, &env, stdin).await {
                     errors.push(Error::plugin(Command::Gc, &list.name, e));
@@ -277,4 +217,88 @@ impl Engine {
         }
         errors
     }
+
+    /// The plugins of `lists` that get GC: those speaking 1.1.0 of each
+    /// list at 1.1.0 that does not disable GC, each with its index in its
+    /// list and the version it runs at; and the errors of the lists whose
+    /// plugins could not be located.
+    async fn gc_work<'l>(&self, lists: &'l [NetworkList]) -> (Vec<GcWork<'l>>, Vec<Error>) {
+        let mut work = Vec::new();
+        let mut errors = Vec::new();
+        for list in lists {
+            if list.disable_gc || !list.version().is_some_and(|v| at_least(&v, "1.1.0")) {
+                continue;
+            }
+            match self.prepare(list, Command::Gc).await {
+                Ok(p) => {
+                    let plugins: Vec<(usize, Plugin, String)> = p
+                        .plugins
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(_, (_, v))| at_least(v, "1.1.0"))
+                        .map(|(i, (p, v))| (i, p, v))
+                        .collect();
+                    if !plugins.is_empty() {
+                        work.push((list, plugins));
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        (work, errors)
+    }
+
+    /// Under this daemon's GC lock held exclusively: `.gc.lock`, taken
+    /// exclusively too and handed back held, every record that can be
+    /// read and every attachment in multus's result cache. Not one cache
+    /// may be missed: a plugin frees what is not listed.
+    async fn gc_listing(&self) -> Result<(Held, Vec<Record>, Vec<CachedResult>), Error> {
+        let locks = self.locks.clone();
+        let store = self.store.clone();
+        let multus = self.multus.clone();
+        blocking(move || -> Result<_, Error> {
+            let gc_file = locks.gc_exclusive().map_err(Error::state)?;
+            let mut records = Vec::new();
+            for id in store.list().map_err(Error::state)? {
+                // A damaged record names nothing that could be kept.
+                if let Ok(Some(r)) = store.load(&id) {
+                    records.push(r);
+                }
+            }
+            let cached = multus.results().map_err(Error::state)?;
+            Ok((gc_file, records, cached))
+        })
+        .await?
+    }
+}
+
+/// A network list whose plugins get GC, and those plugins (see
+/// [`Engine::gc_work`]).
+type GcWork<'l> = (&'l NetworkList, Vec<(usize, Plugin, String)>);
+
+/// The valid attachments of network `list` for its plugins' GC: every
+/// attachment of `records` with a network of that name, but the stale
+/// ones whose DEL `failed`, and every one multus cached for it, but those
+/// of the `multus_failed` containers. Always a list, empty when there is
+/// none (the CNI spec's `cni.dev/valid-attachments` is an array).
+fn valid_attachments(
+    list: &NetworkList,
+    records: &[Record],
+    failed: &BTreeSet<(String, String)>,
+    multus_cached: &[CachedResult],
+    multus_failed: &BTreeSet<String>,
+) -> Vec<Value> {
+    let recorded = records.iter().flat_map(|r| {
+        r.attachments
+            .iter()
+            .filter(|a| !failed.contains(&(r.container_id.clone(), a.ifname.clone())))
+            .flat_map(|a| a.delegates.iter())
+            .filter(|d| d.name == list.name)
+            .map(|d| json!({"containerID": r.container_id, "ifname": d.ifname}))
+    });
+    let cached = multus_cached
+        .iter()
+        .filter(|c| c.network == list.name && !multus_failed.contains(&c.container_id))
+        .map(|c| json!({"containerID": c.container_id, "ifname": c.ifname}));
+    recorded.chain(cached).collect()
 }

@@ -11,6 +11,7 @@
 
 use serde_json::{Map, Value};
 
+use super::lock::Take;
 use super::{AddedNetwork, Engine, Error, ErrorKind, Loaded, Planned, State};
 use crate::api::{code, Command};
 use crate::cni::state::{Attachment, Delegate, Durability, Record};
@@ -22,12 +23,11 @@ impl Engine {
     /// run, when the container has no record of its own (code 3) or the
     /// interface name is taken in it (code 4).
     pub async fn hot_plug(&self, inv: &Invocation, planned: Planned) -> Result<Value, Error> {
-        let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Add, &inv.netns)))
-            .await?;
-        let out = self.hot_plug_locked(inv, planned, loaded).await;
-        self.unlock(&inv.container_id, lock).await;
-        out
+        let take = Take::call(Command::Add, &inv.netns);
+        self.locked(&inv.container_id, take, |loaded| {
+            self.hot_plug_locked(inv, planned, loaded)
+        })
+        .await
     }
 
     async fn hot_plug_locked(
@@ -84,12 +84,11 @@ impl Engine {
         inv: &Invocation,
         given: Result<Planned, Error>,
     ) -> Result<(), Error> {
-        let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Del, &inv.netns)))
-            .await?;
-        let out = self.unplug_locked(inv, given, loaded).await;
-        self.unlock(&inv.container_id, lock).await;
-        out
+        let take = Take::call(Command::Del, &inv.netns);
+        self.locked(&inv.container_id, take, |loaded| {
+            self.unplug_locked(inv, given, loaded)
+        })
+        .await
     }
 
     async fn unplug_locked(
@@ -161,12 +160,11 @@ impl Engine {
     /// CHECK of the one recorded network on interface `inv.ifname`, with
     /// its recorded config and result.
     pub async fn check_one(&self, inv: &Invocation) -> Result<(), Error> {
-        let (lock, loaded) = self
-            .lock_op(&inv.container_id, Some((Command::Check, &inv.netns)))
-            .await?;
-        let out = self.check_one_locked(inv, loaded).await;
-        self.unlock(&inv.container_id, lock).await;
-        out
+        let take = Take::call(Command::Check, &inv.netns);
+        self.locked(&inv.container_id, take, |loaded| {
+            self.check_one_locked(inv, loaded)
+        })
+        .await
     }
 
     async fn check_one_locked(&self, inv: &Invocation, loaded: Loaded) -> Result<(), Error> {

@@ -2,19 +2,31 @@
 //! one order, so two operations or two daemons never wait in a cycle), the
 //! plugin groups an earlier daemon left that it kills first, the record as
 //! it loads it, the synced write its first plugin waits for, and the last
-//! write that shares the unlock's trip to the blocking pool.
+//! write that shares the release's trip to the blocking pool.
+//!
+//! Every operation runs its locked part through [`Engine::locked`] (or
+//! [`Engine::locked_with_last_write`]), which owns the whole bracket from
+//! taking the locks to releasing them: an operation cannot leave them, or
+//! the plugin marker in its lock file, half-released, whichever of its
+//! steps fails.
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::{Notify, OwnedMutexGuard, RwLockReadGuard};
 
 use super::chain::recorded_types;
+use super::cleanup::Tracked;
+use super::fault::Step;
 use super::multus::Multus;
 use super::{blocking, check_netns_now, Engine, Error, ErrorKind, KillGroup};
 use crate::api::{code, Command};
 use crate::cni::exec::{Gate, Plugin};
+use crate::cni::multus_cache::Caches;
 use crate::cni::parts::Records;
 use crate::cni::state;
 use crate::cni::state::{Durability, Held, MarkerState, Markers, Record, Released};
@@ -26,28 +38,111 @@ const STALE_GROUP_WAIT: Duration = Duration::from_secs(5);
 /// Everything one operation on a container holds. Taken in the order
 /// gc, gc_file, container, file (the GC phase takes gc then gc_file and no
 /// container), so two operations, or two daemons, never wait on each other
-/// in a cycle; released in the reverse order by [`Engine::unlock`].
-pub(super) struct OpLock<'a> {
+/// in a cycle; released in the reverse order when [`Engine::locked`] ends.
+/// Private to this file: no operation holds one outside that bracket.
+struct OpLock<'a> {
     /// `locks/<id>.lock`, flock'ed: excludes other daemons on this stateDir.
-    pub(super) file: Held,
+    file: Held,
     /// Cheap ordering of this daemon's own calls in front of the flock.
-    pub(super) container: ContainerLock<'a>,
+    container: ContainerLock<'a>,
     /// `locks/.gc.lock`, shared: another daemon's plugin GC waits for us.
-    pub(super) gc_file: Held,
-    pub(super) gc: GcShared<'a>,
+    gc_file: Held,
+    gc: GcShared<'a>,
+}
+
+/// What an operation takes a container's locks for, and what it reads in
+/// the same trip to the blocking pool (see [`Engine::locked`]).
+pub(super) struct Take<'a> {
+    netns: Option<(Command, &'a str)>,
+    plugins: Vec<String>,
+    for_del: bool,
+}
+
+impl<'a> Take<'a> {
+    /// For the runtime's call of `command` in namespace `netns`, which is
+    /// checked before any lock is taken (a refused call leaves no lock
+    /// file; an empty path names no namespace and is not checked).
+    pub(super) fn call(command: Command, netns: &'a str) -> Self {
+        Self {
+            netns: Some((command, netns)),
+            plugins: Vec::new(),
+            for_del: false,
+        }
+    }
+
+    /// For plexusd's own work on a container (GC's sweep, a retried DEL):
+    /// no namespace of a call to check.
+    pub(super) fn own() -> Self {
+        Self {
+            netns: None,
+            plugins: Vec::new(),
+            for_del: false,
+        }
+    }
+
+    /// Also locates `plugins` (by type) once the locks are held; one not
+    /// found then is looked up again, and its error reported, by
+    /// [`Engine::prepare`].
+    pub(super) fn locating(mut self, plugins: Vec<String>) -> Self {
+        self.plugins = plugins;
+        self
+    }
+
+    /// For a DEL: also locates the plugins of every recorded network, or,
+    /// when the container has no record, reads multus's delegate cache
+    /// for it and whether a record of it was set aside (a DEL needs both
+    /// then; a damaged cache is left to the DEL, which moves it aside).
+    pub(super) fn for_del(mut self) -> Self {
+        self.for_del = true;
+        self
+    }
+}
+
+/// How the locked part of an operation ends (see
+/// [`Engine::locked_with_last_write`]).
+pub(super) enum Last<A> {
+    /// Nothing left to write: the locks are released and `A` is the
+    /// answer.
+    Answer(A),
+    /// `record` is written ([`Durability::Atomic`]) in the trip that
+    /// releases the locks; once it is, `answer` is the answer, and, with
+    /// `track`, what the record leaves to retry is taken note of
+    /// ([`Engine::track`]).
+    Save {
+        record: Record,
+        answer: Result<A, Error>,
+        track: bool,
+    },
+}
+
+/// A last write ([`Last::Save`]) that failed.
+pub(super) struct WriteFailed<A> {
+    /// Why it failed.
+    pub(super) error: Error,
+    /// What the operation would have answered.
+    pub(super) answer: Result<A, Error>,
+    /// Whether the locks are still held: `false` when the trip could not
+    /// run at all (the runtime is shutting down) and they went with it.
+    pub(super) held: bool,
+}
+
+/// The handler of a failed last write of an operation that never writes
+/// one ([`Engine::locked`]).
+fn never_written<A>(failed: WriteFailed<A>) -> std::future::Ready<Result<A, Error>> {
+    std::future::ready(Err(failed.error))
 }
 
 /// An operation's share of this daemon's GC lock. GC's plugin phase waits
 /// until it can take the lock exclusively without queueing for it (a
 /// queued writer would make every new operation wait behind it, and so
 /// behind a hung ADD): each share that goes wakes it to try again.
-pub(super) struct GcShared<'a> {
+struct GcShared<'a> {
     guard: Option<RwLockReadGuard<'a, ()>>,
     released: &'a Notify,
 }
 
 impl<'a> GcShared<'a> {
-    pub(super) fn new(guard: RwLockReadGuard<'a, ()>, released: &'a Notify) -> Self {
+    fn new(guard: RwLockReadGuard<'a, ()>, released: &'a Notify) -> Self {
         Self {
             guard: Some(guard),
             released,
@@ -69,10 +164,10 @@ pub(super) struct Loaded {
     /// The record was damaged and has just been moved aside.
     pub(super) set_aside: bool,
     /// Plugins located in the same trip to the blocking pool (see
-    /// [`Engine::lock_op_with`]); the others are looked up when needed.
+    /// [`Take::locating`]); the others are looked up when needed.
     pub(super) found: Vec<Plugin>,
     /// For a DEL of a container without a record, what else decides what
-    /// it does, read in the same trip (see [`Engine::lock_op_with`]).
+    /// it does, read in the same trip (see [`Take::for_del`]).
     pub(super) unrecorded: Option<Unrecorded>,
 }
 
@@ -84,10 +179,10 @@ pub(super) struct Unrecorded {
 }
 
 /// Holds one container's lock; forgets the lock when nobody else waits.
-pub(super) struct ContainerLock<'a> {
-    pub(super) engine: &'a Engine,
-    pub(super) id: String,
-    pub(super) guard: Option<OwnedMutexGuard<()>>,
+struct ContainerLock<'a> {
+    engine: &'a Engine,
+    id: String,
+    guard: Option<OwnedMutexGuard<()>>,
 }
 
 impl Drop for ContainerLock<'_> {
@@ -104,8 +199,6 @@ impl Drop for ContainerLock<'_> {
     }
 }
 
-/// Kills the group each marker of container `id` names and removes the
-/// marker; stops at the first group that survives (its marker stays) and
 /// Kills the plugin group an earlier holder of `held` (the lock of
 /// container `id`) noted in it and left running, and empties the marker.
 /// A group that survives keeps its marker and is the error. Blocking.
@@ -146,8 +239,6 @@ pub(super) fn clear_marker(
     Ok(())
 }
 
-/// Whether GC keeps attachment `att` of container `id`: the runtime lists
-/// it, or, for a network hot-plugged into one, the attachment it joined.
 /// Blocking: gives up a container's lock files. Its lock file goes too
 /// when its record is gone: nobody can make a new record without the lock,
 /// and a waiter on the unlinked file starts over (state::Locks); else the
@@ -162,8 +253,25 @@ fn release_files(store: &Arc<dyn Records>, id: &str, marker: Released, file: Hel
     drop(gc_file);
 }
 
+/// What a DEL of container `id`, which has no record, needs to know:
+/// multus's delegate cache of it and whether a record of it was ever set
+/// aside; `None` when the cache cannot be used as it is (damaged or
+/// unreadable), which the DEL then deals with under its lock (see
+/// `Engine::load_unrecorded`). Blocking.
+fn probe_unrecorded(multus: &Caches, store: &dyn Records, id: &str) -> Option<Unrecorded> {
+    let multus = match multus.load(id) {
+        Ok(Some(d)) => Multus::Delegates(d),
+        Ok(None) => Multus::Nothing,
+        Err(_) => return None,
+    };
+    Some(Unrecorded {
+        multus,
+        was_set_aside: store.was_set_aside(id),
+    })
+}
+
 /// A damaged record moved aside: why, and where it went.
-pub(super) type SetAside = (state::Error, PathBuf);
+type SetAside = (state::Error, PathBuf);
 
 /// The record of `id` (the caller holds its lock); a damaged one is moved
 /// aside (bytes kept). Blocking.
@@ -216,38 +324,123 @@ impl Synced {
 }
 
 impl Engine {
+    /// Runs `body` on container `id` under the container's locks: takes
+    /// them as `take` says ([`Engine::lock_op`]), hands `body` the record
+    /// as loaded under them, and releases them however `body` ends: with
+    /// its answer, with an error from any of its steps, or with a panic
+    /// (released, then resumed). The release is the only one there is: it
+    /// empties the marker of the last plugin reaped, or removes the lock
+    /// file when the container has no record left, and gives up the files'
+    /// locks, then the container's mutex and the GC share (docs/records.md,
+    /// "What an operation leaves").
+    pub(super) async fn locked<A, B, BF>(
+        &self,
+        id: &str,
+        take: Take<'_>,
+        body: B,
+    ) -> Result<A, Error>
+    where
+        B: FnOnce(Loaded) -> BF,
+        BF: Future<Output = Result<A, Error>>,
+    {
+        let body = |loaded| async move { body(loaded).await.map(Last::Answer) };
+        self.locked_with_last_write(id, take, body, never_written)
+            .await
+    }
+
+    /// [`Engine::locked`] for an operation whose body may end with its
+    /// last record write ([`Last::Save`]): that write is made in the trip
+    /// that releases the locks, so the two cost one hand-off to the
+    /// blocking pool. When it fails, the locks are kept: `write_failed`
+    /// runs under them (see [`WriteFailed`]), and they are released after
+    /// it.
+    pub(super) async fn locked_with_last_write<A, B, BF, W, WF>(
+        &self,
+        id: &str,
+        take: Take<'_>,
+        body: B,
+        write_failed: W,
+    ) -> Result<A, Error>
+    where
+        B: FnOnce(Loaded) -> BF,
+        BF: Future<Output = Result<Last<A>, Error>>,
+        W: FnOnce(WriteFailed<A>) -> WF,
+        WF: Future<Output = Result<A, Error>>,
+    {
+        let (lock, loaded) = self.lock_op(id, take).await?;
+        let ended = AssertUnwindSafe(async move { body(loaded).await })
+            .catch_unwind()
+            .await;
+        let (record, answer, track) = match ended {
+            Ok(Ok(Last::Save {
+                record,
+                answer,
+                track,
+            })) => (record, answer, track),
+            Ok(Ok(Last::Answer(a))) => {
+                self.unlock(id, lock).await;
+                return Ok(a);
+            }
+            Ok(Err(e)) => {
+                self.unlock(id, lock).await;
+                return Err(e);
+            }
+            Err(panic) => {
+                self.unlock(id, lock).await;
+                std::panic::resume_unwind(panic)
+            }
+        };
+        let tracked = track.then(|| Tracked::of(&record));
+        let store = self.store.clone();
+        let fault = self.fault(Step::LastWrite);
+        let saved = self
+            .unlock_after(id, lock, move || {
+                fault?;
+                store
+                    .save(&record, Durability::Atomic)
+                    .map_err(Error::state)
+            })
+            .await;
+        let (error, lock) = match saved {
+            Ok(()) => {
+                if let Some(t) = tracked {
+                    self.track(id, t);
+                }
+                return answer;
+            }
+            Err(failed) => failed,
+        };
+        let held = lock.is_some();
+        let handled = AssertUnwindSafe(write_failed(WriteFailed {
+            error,
+            answer,
+            held,
+        }))
+        .catch_unwind()
+        .await;
+        if let Some(lock) = lock {
+            self.unlock(id, lock).await;
+        }
+        handled.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
+
     /// Takes everything an operation on container `id` holds (see
     /// [`OpLock`]), then kills the plugin groups an earlier daemon left
     /// running for it, so none of them can act after this operation's
-    /// plugins. Fails ("try again later") if one of them survives.
+    /// plugins. Fails ("try again later") if one of them survives; what
+    /// was taken by then is released as it is dropped (nothing notes a
+    /// plugin in the lock file before this returns).
     ///
     /// One trip to the blocking pool does it all, each hand-off costing
-    /// CPU on every call: the check of `netns` (for `command`, before any
+    /// CPU on every call: the check of the call's namespace (before any
     /// lock is taken, so a refused call leaves no lock file), the lock
-    /// files, the marker scan and the record.
-    pub(super) async fn lock_op(
-        &self,
-        id: &str,
-        netns: Option<(Command, &str)>,
-    ) -> Result<(OpLock<'_>, Loaded), Error> {
-        self.lock_op_with(id, netns, Vec::new(), false).await
-    }
-
-    /// [`Engine::lock_op`] that also, in the same trip and once the locks
-    /// are held, locates `plugins` (by type; a plugin not found there is
-    /// looked up again, and its error reported, by [`Engine::prepare`])
-    /// and, for a DEL (`for_del`), the plugins of every recorded network,
-    /// or, when the container has no record, reads multus's delegate
-    /// cache for it and whether a record of it was set aside (a DEL needs
-    /// both then; a damaged cache is left to [`Engine::load_multus`],
-    /// which moves it aside).
-    pub(super) async fn lock_op_with(
-        &self,
-        id: &str,
-        netns: Option<(Command, &str)>,
-        plugins: Vec<String>,
-        for_del: bool,
-    ) -> Result<(OpLock<'_>, Loaded), Error> {
+    /// files, the marker scan, the record and what [`Take`] asks for.
+    async fn lock_op(&self, id: &str, take: Take<'_>) -> Result<(OpLock<'_>, Loaded), Error> {
+        let Take {
+            netns,
+            plugins,
+            for_del,
+        } = take;
         let gc = GcShared::new(self.gc_lock.read().await, &self.gc_released);
         let container = self.lock_container(id).await;
         let locks = self.locks.clone();
@@ -279,17 +472,7 @@ impl Engine {
                     .filter_map(|p| runner.find(p).ok())
                     .collect();
                 let probed = match (&loaded, for_del) {
-                    ((None, None), true) => {
-                        let multus = match multus.load(&cid) {
-                            Ok(Some(d)) => Some(Multus::Delegates(d)),
-                            Ok(None) => Some(Multus::Nothing),
-                            Err(_) => None,
-                        };
-                        multus.map(|multus| Unrecorded {
-                            multus,
-                            was_set_aside: store.was_set_aside(&cid),
-                        })
-                    }
+                    ((None, None), true) => probe_unrecorded(&multus, store.as_ref(), &cid),
                     _ => None,
                 };
                 Ok((gc_file, file, stale, loaded, found, probed))
@@ -300,27 +483,7 @@ impl Engine {
         loaded.unrecorded = probed;
         let file = match stale {
             None => file,
-            Some(_) => {
-                let markers = self.markers.clone();
-                let kill = self.kill_group;
-                let cid = id.to_string();
-                let (file, cleared) = blocking(move || {
-                    let r = clear_marker(&markers, kill, &cid, &file);
-                    (file, r)
-                })
-                .await?;
-                cleared.map_err(|(pgid, e)| {
-                    Error::new(
-                        ErrorKind::Failed,
-                        code::TRY_AGAIN_LATER,
-                        format!(
-                            "container {id:?}: plugin process group {pgid}, left running by an earlier plexusd, survived SIGKILL for {}: {e}; try again later",
-                            crate::duration::format(STALE_GROUP_WAIT)
-                        ),
-                    )
-                })?;
-                file
-            }
+            Some(_) => self.clear_stale(id, file).await?,
         };
         // From here on the runner notes each plugin's group in it.
         self.markers.hold(id, &file);
@@ -333,36 +496,42 @@ impl Engine {
         Ok((lock, loaded))
     }
 
-    /// Releases an operation's locks. The container's lock file goes too
-    /// when its record is gone: nobody can make a new record without the
-    /// lock, and a waiter on the unlinked file starts over (state::Locks).
-    pub(super) async fn unlock(&self, id: &str, lock: OpLock<'_>) {
+    /// [`clear_marker`] on the blocking pool: `file`, the lock of `id`,
+    /// back once the marker in it is emptied; an error ("try again
+    /// later") when its group survives.
+    async fn clear_stale(&self, id: &str, file: Held) -> Result<Held, Error> {
+        let markers = self.markers.clone();
+        let kill = self.kill_group;
+        let cid = id.to_string();
+        let (file, cleared) = blocking(move || {
+            let r = clear_marker(&markers, kill, &cid, &file);
+            (file, r)
+        })
+        .await?;
+        cleared.map_err(|(pgid, e)| {
+            Error::new(
+                ErrorKind::Failed,
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "container {id:?}: plugin process group {pgid}, left running by an earlier plexusd, survived SIGKILL for {}: {e}; try again later",
+                    crate::duration::format(STALE_GROUP_WAIT)
+                ),
+            )
+        })?;
+        Ok(file)
+    }
+
+    /// Releases an operation's locks (for [`Engine::locked`] alone).
+    async fn unlock(&self, id: &str, lock: OpLock<'_>) {
         // Nothing to write: only a trip that could not run fails.
         if let Err((e, _)) = self.unlock_after(id, lock, || Ok(())).await {
             tracing::error!(container_id = %id, cause = %e, "releasing the container's lock failed");
         }
     }
 
-    /// The operation's last write of `record` ([`Durability::Atomic`])
-    /// and its unlock, in one trip ([`Engine::unlock_after`]).
-    pub(super) async fn save_and_unlock<'a>(
-        &'a self,
-        id: &str,
-        lock: OpLock<'a>,
-        record: Record,
-    ) -> Result<(), (Error, Option<OpLock<'a>>)> {
-        let store = self.store.clone();
-        self.unlock_after(id, lock, move || {
-            store
-                .save(&record, Durability::Atomic)
-                .map_err(Error::state)
-        })
-        .await
-    }
-
     /// Runs `work` on the blocking pool and, when it succeeds, releases
-    /// the operation's locks in the same trip (as [`Engine::unlock`]):
-    /// the last write of an operation and its unlock cost one hand-off.
+    /// the operation's locks in the same trip (see [`release_files`]):
+    /// the last write of an operation and its release cost one hand-off.
     /// When `work` fails, the locks are handed back, still held, with its
     /// error; `None` in their place means they are released already (the
     /// trip could not run: the runtime is shutting down).
@@ -439,10 +608,13 @@ impl Engine {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let store = self.store.clone();
         let record = record.clone();
+        let fault = self.fault(Step::RecordSync);
         let work = Box::new(move || {
-            let r = store
-                .save(&record, Durability::Synced)
-                .map_err(|e| e.to_string());
+            let r = fault.map_err(|e| e.to_string()).and_then(|()| {
+                store
+                    .save(&record, Durability::Synced)
+                    .map_err(|e| e.to_string())
+            });
             let _ = tx.send(r.clone());
             r
         });
@@ -454,6 +626,7 @@ impl Engine {
         record: &Record,
         durability: Durability,
     ) -> Result<(), Error> {
+        self.fault(Step::RecordWrite)?;
         let store = self.store.clone();
         let record = record.clone();
         blocking(move || store.save(&record, durability))

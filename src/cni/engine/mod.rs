@@ -44,6 +44,7 @@ mod cleanup;
 mod crash_tests;
 mod del;
 mod error;
+mod fault;
 mod gc;
 mod hotplug;
 mod lock;
@@ -233,6 +234,9 @@ pub struct Engine {
     /// is due (see [`Engine::retry_cleanups`]).
     cleanups: Mutex<BTreeMap<String, cleanup::Tracked>>,
     metrics: Option<Arc<Metrics>>,
+    /// Steps a unit test made fail (see [`fault`]).
+    #[cfg(test)]
+    faults: fault::Armed,
 }
 
 /// [`netns::check`] for `command` as an engine error (code 4), logged.
@@ -336,6 +340,8 @@ impl Engine {
             gc_released: tokio::sync::Notify::new(),
             cleanups: Mutex::new(BTreeMap::new()),
             metrics: None,
+            #[cfg(test)]
+            faults: fault::Armed::default(),
         };
         engine.recover();
         Ok(engine)
@@ -345,6 +351,7 @@ impl Engine {
     /// for DEL, not a network namespace at all (see [`netns::check`]). An
     /// empty one (DEL only) names no namespace and passes.
     async fn check_netns(&self, command: Command, path: &str) -> Result<(), Error> {
+        self.fault(fault::Step::Netns)?;
         if path.is_empty() {
             return Ok(());
         }

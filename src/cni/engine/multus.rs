@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use super::fault::Step;
+use super::lock::Take;
 use super::{blocking, Engine, ErrorKind};
 use crate::api::{code, Command};
 use crate::cni::exec::CallEnv;
@@ -65,6 +67,7 @@ impl Engine {
     /// multus's delegate cache of `id` (the caller holds its lock); a
     /// damaged one is moved aside.
     pub(super) async fn load_multus(&self, id: &str) -> Result<Multus, super::Error> {
+        self.fault(Step::MultusLoad)?;
         let caches = self.multus.clone();
         let state_dir = self.config.state_dir.clone();
         let cid = id.to_string();
@@ -88,6 +91,7 @@ impl Engine {
         d: &CachedDelegate,
         ifname: &str,
     ) -> Result<Option<CachedResult>, super::Error> {
+        self.fault(Step::MultusResult)?;
         let caches = self.multus.clone();
         let state_dir = self.config.state_dir.clone();
         let (cid, network, ifname) = (id.to_string(), d.network.clone(), ifname.to_string());
@@ -344,18 +348,18 @@ impl Engine {
         let valid_ids: BTreeSet<&str> = valid.iter().map(|(c, _)| c.as_str()).collect();
         let mut errors = Vec::new();
         for id in ids.iter().filter(|id| !valid_ids.contains(id.as_str())) {
-            let (lock, _own) = match self.lock_op(id, None).await {
-                Ok(l) => l,
-                Err(e) => {
-                    errors.push(e);
-                    continue;
-                }
-            };
-            if let Err(e) = self.gc_multus_container(id, &results).await {
-                failed.insert(id.clone());
+            let swept = self
+                .locked(id, Take::own(), |_own| async {
+                    if let Err(e) = self.gc_multus_container(id, &results).await {
+                        failed.insert(id.clone());
+                        errors.push(e);
+                    }
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = swept {
                 errors.push(e);
             }
-            self.unlock(id, lock).await;
         }
         errors
     }

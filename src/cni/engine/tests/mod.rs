@@ -452,6 +452,7 @@ fn list_dir_names(dir: &Path) -> Vec<String> {
 
 mod concurrency;
 mod del_check_gc;
+mod faults;
 mod multus;
 mod records;
 mod rollback;

@@ -6,6 +6,8 @@
 
 use std::os::unix::fs::PermissionsExt;
 
+use base64::Engine as _;
+
 use super::*;
 
 /// A plugin at 1.1.0 that reads its configuration, prints a result on
@@ -62,6 +64,11 @@ impl Scripted {
         Store::at(&self.state_dir()).load(id).unwrap()
     }
 
+    /// The lock file of `id`.
+    pub(super) fn lock_file(&self, id: &str) -> PathBuf {
+        self.state_dir().join("locks").join(format!("{id}.lock"))
+    }
+
     /// The stdin of every GC plugin `name` got, in order.
     pub(super) fn gcs_of(&self, name: &str) -> Vec<Value> {
         let path = self.dir.path().join("bin").join(format!("{name}.gc"));
@@ -81,5 +88,40 @@ impl Scripted {
             vec![plan(net("n", &PLUGINS), ifname, true)],
         )
         .await
+    }
+
+    /// A runtime's DEL of `ifname`; the configured network "n" when it
+    /// falls back.
+    pub(super) async fn del(&self, id: &str, ifname: &str) -> Result<(), Error> {
+        let fallback = || async { Ok::<_, Error>(vec![plan(net("n", &PLUGINS), "eth0", true)]) };
+        self.engine
+            .del(&call(Command::Del, id, ifname), Map::new(), fallback)
+            .await
+    }
+
+    /// multus's caches of container `id` attached to network "n" on eth0,
+    /// as multus and libcni write them.
+    pub(super) fn multus_attached(&self, id: &str) {
+        let dir = self.dir.path().join("multus");
+        std::fs::create_dir_all(dir.join("results")).unwrap();
+        let list = net("n", &PLUGINS);
+        let b64 = base64::engine::general_purpose::STANDARD
+            .encode(serde_json::to_vec(&list.to_value()).unwrap());
+        let delegates = json!([{"Name": "n", "ConfList": {"plugins": [{"type": "fa"}, {"type": "fb"}]},
+                                "Bytes": b64}]);
+        std::fs::write(dir.join(id), delegates.to_string()).unwrap();
+        let cached = json!({"kind": "cniCacheV1", "containerId": id, "ifName": "eth0",
+                            "networkName": "n",
+                            "result": {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}]}});
+        std::fs::write(
+            dir.join("results").join(format!("n-{id}-eth0")),
+            cached.to_string(),
+        )
+        .unwrap();
+    }
+
+    /// Whether multus's delegate cache of `id` is still there.
+    pub(super) fn multus_cached(&self, id: &str) -> bool {
+        self.dir.path().join("multus").join(id).is_file()
     }
 }

@@ -24,9 +24,6 @@ pub(super) enum FailedDel {
     Retry { netns_gone: bool },
 }
 
-/// [`FailedDel`] under its earlier name, for plan.rs.
-pub(super) type Failed = FailedDel;
-
 /// What the retry task knows of a container with a pending cleanup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Tracked {

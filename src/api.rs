@@ -103,6 +103,9 @@ pub mod code {
     /// Try again later: a transient condition (overload, shutdown, a
     /// plugin past its deadline).
     pub const TRY_AGAIN_LATER: u32 = 11;
+    /// STATUS: the plugin is not available and cannot serve an ADD (the
+    /// shim's answer when no daemon listens at its socket).
+    pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
     /// Shim: the request was sent but no complete answer came back (reset,
     /// closed mid-response, timed out); whether it took effect is unknown.
     pub const NO_ANSWER: u32 = 101;

@@ -80,7 +80,7 @@
 //!   modules whose `Config` it fills and no lifecycle module (`daemon`,
 //!   `handler`, `notify`); `cli` uses only `config`.
 //! - Only `daemon` wires modules together, and only the `plexusd` binary
-//!   uses `daemon`.
+//!   uses `daemon` (`gendocs` reads its exit statuses for the man page).
 //! - `shim` uses `api`, `result`, `duration` and `trust` only (std-only
 //!   modules, so the plugin stays small; `trust` decides whose socket it
 //!   may talk to).

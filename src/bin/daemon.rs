@@ -11,7 +11,7 @@ use plexus::{autoconf, cni, config, names};
 /// EX_CONFIG: the configuration is wrong; systemd does not restart on it.
 const EXIT_CONFIG: u8 = daemon::EXIT_CONFIG;
 /// EX_OSERR: the operating system refused something we need.
-const EXIT_OS: u8 = 71;
+const EXIT_OS: u8 = daemon::EXIT_OS;
 
 fn main() -> ExitCode {
     let args = Args::parse();

@@ -25,9 +25,8 @@ const APOSTROPHE_PREAMBLE: &str = ".ie \\n(.g .ds Aq \\(aq\n.el .ds Aq '\n";
 /// The exit status of a configuration error (EX_CONFIG), as plexusd
 /// returns it.
 const EXIT_CONFIG: u8 = plexus::daemon::EXIT_CONFIG;
-/// The exit status when the system refuses something (EX_OSERR): the
-/// number src/bin/daemon.rs returns, which keeps it to itself.
-const EXIT_OS: u8 = 71;
+/// The exit status when the system refuses something (EX_OSERR).
+const EXIT_OS: u8 = plexus::daemon::EXIT_OS;
 /// Where the packages install README.md and docs/.
 const DOC_DIR: &str = "/usr/share/doc/plexus";
 
@@ -733,7 +732,8 @@ fn shim_configuration(p: &mut Page) {
         &format!("`{}`", shim::KEY_CONNECT_TIMEOUT),
         &format!(
             "How long to keep retrying while the socket is missing, refuses connections or \
-             has a full backlog (default `{}`; `\"0\"`: one attempt).",
+             has a full backlog (default `{}`; `\"0\"`: one attempt). A STATUS waits only \
+             for a full backlog.",
             duration::format(shim::DEFAULT_CONNECT_TIMEOUT)
         ),
     )
@@ -819,9 +819,16 @@ fn shim_error_codes(p: &mut Page) {
         )
         .item(
             &code::TRY_AGAIN_LATER.to_string(),
-            "Try again later: the daemon was not reachable within `connectTimeout`, or the \
-             connection broke before the whole request was sent, so the daemon cannot have \
-             acted on it; also an HTTP 503 without a CNI error.",
+            "Try again later: the daemon was not reachable within `connectTimeout` (a STATUS \
+             waits only for a full backlog), or the connection broke before the whole \
+             request was sent, so the daemon cannot have acted on it; also an HTTP 503 \
+             without a CNI error.",
+        )
+        .item(
+            &code::PLUGIN_NOT_AVAILABLE.to_string(),
+            "STATUS only: no daemon listens at the socket (it is missing or refuses the \
+             connection). Answered at once, without waiting for `connectTimeout`, so a \
+             runtime that asks STATUS while holding its network lock is not held up.",
         )
         .item(
             &code::NO_ANSWER.to_string(),

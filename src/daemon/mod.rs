@@ -34,6 +34,9 @@ mod status;
 /// The exit status for a configuration that is wrong (EX_CONFIG); systemd
 /// does not restart on it (`RestartPreventExitStatus=78`).
 pub const EXIT_CONFIG: u8 = 78;
+/// The exit status when the operating system refused something plexusd
+/// needs (EX_OSERR).
+pub const EXIT_OS: u8 = 71;
 
 /// Most threads of the blocking pool (see where the runtime is built).
 const BLOCKING_THREADS: usize = 64;

@@ -22,9 +22,6 @@ use crate::{duration, trust};
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 /// Longest pause between connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
-/// CNI error code of a STATUS: the plugin is not available and cannot
-/// service ADD (CNI spec, "Error"; added after 1.1.0).
-pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
 
 /// One request to the daemon, within the call's deadline.
 pub(super) struct Client<'a> {
@@ -43,7 +40,7 @@ impl<'a> Client<'a> {
     /// A STATUS does not wait for a daemon that is not there: it asks
     /// whether an ADD could be served now, and a runtime may ask it while
     /// holding a lock every pod's ADD needs (CRI-O does at start), so no
-    /// listener is answered at once with [`PLUGIN_NOT_AVAILABLE`].
+    /// listener is answered at once with [`code::PLUGIN_NOT_AVAILABLE`].
     pub(super) fn new(config: &'a Config, command: Command, started: Instant) -> Self {
         Self {
             config,
@@ -152,7 +149,7 @@ impl<'a> Client<'a> {
     /// The CNI error of a STATUS that found no daemon listening.
     fn not_available(&self, err: &io::Error) -> CniError {
         CniError::new(
-            PLUGIN_NOT_AVAILABLE,
+            code::PLUGIN_NOT_AVAILABLE,
             format!(
                 "no daemon is listening at {} ({err}); no ADD can be served until one is",
                 self.path()

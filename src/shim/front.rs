@@ -383,7 +383,7 @@ mod tests {
         // A STATUS that waited would end after 10 s, with code 11.
         let (out, json) = run_with(&[("CNI_COMMAND", "STATUS")], &stdin("10s"));
         assert_eq!(out.exit_code, 1);
-        assert_eq!(json["code"], client::PLUGIN_NOT_AVAILABLE);
+        assert_eq!(json["code"], crate::api::code::PLUGIN_NOT_AVAILABLE);
         assert!(json["msg"]
             .as_str()
             .unwrap()

@@ -38,7 +38,6 @@ mod http;
 use client::Client;
 use front::Call;
 
-pub use client::PLUGIN_NOT_AVAILABLE;
 pub use config::{
     Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, KEY_CONNECT_TIMEOUT, KEY_SOCKET_DIR,
     KEY_SOCKET_PATH, KEY_TIMEOUT,

@@ -553,7 +553,7 @@ fn status_without_a_daemon_should_answer_code_50_without_waiting() {
         }
         let run = finish(child);
         assert!(exited, "STATUS waited for the daemon at {sock:?}: {run:?}");
-        let err = run.error(plexus::shim::PLUGIN_NOT_AVAILABLE);
+        let err = run.error(plexus::api::code::PLUGIN_NOT_AVAILABLE);
         assert_eq!(err["code"], 50);
         let msg = err["msg"].as_str().unwrap();
         assert!(msg.contains("no daemon is listening at"), "{msg}");

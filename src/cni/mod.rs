@@ -14,20 +14,20 @@
 //! - [`multus_cache`]: multus's caches of the containers it attached, read
 //!   so that the engine can DEL, CHECK and GC them, and `show` show them.
 //! - [`netns`]: which network namespaces a plugin may run in.
-//! - [`parts`]: the traits the engine runs plugins and keeps records
+//! - [`backends`]: the traits the engine runs plugins and keeps records
 //!   through, so its logic is tested with fakes.
 //! - [`show`]: records, and what multus cached of the containers it
 //!   attached, as `plexusd show` and `/attachments` print them.
 //!
 //! Nothing here knows about HTTP, the shim or Kubernetes.
 
+pub mod backends;
 pub mod confdir;
 pub mod default_route;
 pub mod engine;
 pub mod exec;
 pub mod multus_cache;
 pub mod netns;
-pub mod parts;
 pub mod plan;
 pub mod show;
 pub mod state;

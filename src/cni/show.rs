@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 
+use super::backends::Records;
 use super::multus_cache::{Caches, SeenNetwork};
-use super::parts::Records;
 use super::state::{Delegate, Error, Record, State};
 
 /// The `attachedBy` of a container known only from multus's caches.

@@ -306,7 +306,7 @@ fn networks_and_kubernetes(
     let problems = runtime.block_on(async {
         let store = Store::open(&cni_config.state_dir).map_err(|e| e.to_string())?;
         let runner = Runner::new(cni_config.bin_dirs.clone(), cni_config.plugin_timeout, None);
-        let engine = cni::Engine::with_parts(cni_config, Arc::new(runner), Arc::new(store))
+        let engine = cni::Engine::with_backends(cni_config, Arc::new(runner), Arc::new(store))
             .map_err(|e| e.msg)?;
         let handler = Networks::new(
             Arc::new(engine),

@@ -25,9 +25,9 @@ use super::fault::Step;
 use super::multus::Multus;
 use super::{blocking, check_netns_now, Engine, Error, ErrorKind, KillGroup};
 use crate::api::{code, Command};
+use crate::cni::backends::Records;
 use crate::cni::exec::{Gate, Plugin};
 use crate::cni::multus_cache::Caches;
-use crate::cni::parts::Records;
 use crate::cni::state;
 use crate::cni::state::{Durability, Held, MarkerState, Markers, Record, Released};
 

@@ -31,7 +31,7 @@
 //!   and GC checks each recorded namespace (see [`netns`]).
 //!
 //! - The engine runs plugins and keeps records through the traits of
-//!   [`parts`](crate::cni::parts) ([`exec::Runner`] and [`state::Store`](crate::cni::state::Store) in the daemon), so
+//!   [`backends`](crate::cni::backends) ([`exec::Runner`] and [`state::Store`](crate::cni::state::Store) in the daemon), so
 //!   its logic is unit-tested with scripted plugins and records in memory.
 //!
 //! This module knows nothing about HTTP, the shim or Kubernetes.
@@ -64,9 +64,9 @@ use tokio::sync::RwLock;
 
 use crate::api::code;
 use crate::api::Command;
+use crate::cni::backends::{PluginRunner, Records};
 use crate::cni::exec::{Group, Runner};
 use crate::cni::multus_cache::{self, Caches};
-use crate::cni::parts::{PluginRunner, Records};
 use crate::cni::state::{Locks, Markers, State, Store};
 use crate::cni::{confdir, exec, netns, show};
 use crate::metrics::Metrics;
@@ -299,12 +299,12 @@ impl Engine {
     }
 
     /// An engine with the plugin runner and record store given (tests use
-    /// scripted plugins and an in-memory store; see [`parts`](crate::cni::parts)). The
+    /// scripted plugins and an in-memory store; see [`backends`](crate::cni::backends)). The
     /// container locks are still files under `config.state_dir`, created
     /// here. `runner` is not given the engine's plugin journal, so the
     /// groups of the plugins it runs are not noted for crash recovery:
     /// the daemon uses [`Engine::new`]. Blocking, like [`Engine::new`].
-    pub fn with_parts(
+    pub fn with_backends(
         config: Config,
         runner: Arc<dyn PluginRunner>,
         store: Arc<dyn Records>,

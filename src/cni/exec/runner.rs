@@ -48,7 +48,7 @@ pub struct Plugin {
 
 impl Plugin {
     /// A plugin known by name and path only, with no file behind it: what
-    /// a [`crate::cni::parts::PluginRunner`] that runs no binaries (a test's
+    /// a [`crate::cni::backends::PluginRunner`] that runs no binaries (a test's
     /// fake) hands out. The real [`Runner`] locates its own.
     pub fn unlocated(name: &str, path: PathBuf) -> Self {
         Self {

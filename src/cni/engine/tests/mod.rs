@@ -1,7 +1,7 @@
 //! The engine's logic with scripted plugins ([`FakeRunner`]) and an
 //! in-memory record store ([`MemStore`]): rollback, per-container
 //! serialization, GC against ADD, DEL and CHECK. Container locks are the
-//! real ones, in a temporary directory (see [`super::parts`]).
+//! real ones, in a temporary directory (see [`super::backends`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -13,7 +13,7 @@ use tokio::time::timeout;
 use super::*;
 use crate::cni::exec::{CallEnv, Plugin};
 use crate::cni::state::{Durability, Record};
-use crate::cni::{parts, state};
+use crate::cni::{backends, state};
 use crate::netconf::Invocation;
 
 /// Long enough for anything that should happen to happen, under load.
@@ -150,7 +150,7 @@ impl PluginRunner for FakeRunner {
     fn versions<'a>(
         &'a self,
         _plugin: &'a Plugin,
-    ) -> parts::BoxFuture<'a, Option<Arc<Vec<String>>>> {
+    ) -> backends::BoxFuture<'a, Option<Arc<Vec<String>>>> {
         Box::pin(async { Some(Arc::new(vec!["1.0.0".into(), "1.1.0".into()])) })
     }
 
@@ -159,7 +159,7 @@ impl PluginRunner for FakeRunner {
         plugin: &'a Plugin,
         env: &'a CallEnv,
         stdin: Vec<u8>,
-    ) -> parts::BoxFuture<'a, Result<Vec<u8>, exec::Error>> {
+    ) -> backends::BoxFuture<'a, Result<Vec<u8>, exec::Error>> {
         Box::pin(async move {
             let call = Call {
                 plugin: plugin.name.clone(),
@@ -338,7 +338,7 @@ fn rig_with_plugin_timeout(plugin_timeout: Duration) -> Rig {
     };
     let (runner, started) = FakeRunner::new();
     let store = Arc::new(MemStore::default());
-    let engine = Engine::with_parts(config, runner.clone(), store.clone()).unwrap();
+    let engine = Engine::with_backends(config, runner.clone(), store.clone()).unwrap();
     Rig {
         engine: Arc::new(engine),
         runner,

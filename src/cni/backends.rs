@@ -3,7 +3,7 @@
 //! records ([`Records`]). The daemon uses the real ones, [`Runner`] (plugin
 //! processes) and [`Store`] (files under `stateDir`); the engine's unit
 //! tests put scripted plugins and an in-memory store in their place
-//! ([`super::Engine::with_parts`]).
+//! ([`super::Engine::with_backends`]).
 //!
 //! Container locks ([`super::state::Locks`]) stay outside: they are the
 //! engine's own concurrency control, shared with other daemons on the same

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::{failure, Networks};
+use super::{failure::failure, CniHandler};
 use crate::api::{self, code, Command};
 use crate::cni::{self, ErrorKind, Planned};
 use crate::k8s::PodRef;
@@ -31,7 +31,7 @@ use crate::server::{Failure, FailureKind, Reply};
 /// interface attributes, which carry no name of their own.
 const ATTRIBUTES_NAME: &str = "interface-attributes";
 
-impl Networks {
+impl CniHandler {
     /// Serves one `/delegate` request: ADD hot-plugs, DEL unplugs, CHECK
     /// checks the one network, STATUS asks the network's plugins; GC is
     /// refused, as by multus.

@@ -1,32 +1,47 @@
-//! The request handler that joins the server to the CNI engine: turns a
-//! wire request into a validated invocation, picks the networks, runs the
-//! engine and answers ADD with the 1.1.0 result (the shim converts it to
-//! its own config's version, as multus-shim does).
+//! The request handler that joins the server to the other parts: turns a
+//! wire request into a validated invocation, has its networks planned
+//! (`selection`), has the engine carry the plan out (`cni`), has what the
+//! pod is to learn published (`k8s`), and answers ADD with the 1.1.0
+//! result (the shim converts it to its own config's version, as
+//! multus-shim does).
+//!
+//! - `kube.rs`: ADD for a pod; `plan.rs`: plans as the engine carries them
+//!   out, and an ADD's answer; `delegate.rs`: `/delegate` (hot-plug).
+//! - `configs.rs`: a call's network configurations as selection asks for
+//!   them; `source.rs`: the Kubernetes source and its start-up window;
+//!   `failure.rs`: each part's error as the answer's; `call_log.rs`: one
+//!   log line per call.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::api::Command;
-use crate::api::{self, code};
-use crate::cni::{self, Engine, ErrorKind, Planned};
-use crate::k8s;
-use crate::netconf::{self, Invalid, Invocation, NetworkList};
-
-mod call_log;
-mod delegate;
-mod kube;
+use crate::api::{self, code, Command};
+use crate::cni::{self, plan::Plan, Engine};
+use crate::k8s::{self, publish::Pending};
+use crate::netconf::{self, Invalid, Invocation};
 use crate::readiness_file::Indicator;
-use crate::result;
 use crate::selection::{self, overlay::Overlay};
 use crate::server::{Failure, FailureKind, Handler, Readiness, Reply};
 
-/// Serves `/cni` with the engine, the static network configuration and,
-/// when configured, the Kubernetes source.
+mod call_log;
+mod configs;
+mod delegate;
+mod failure;
+mod kube;
+mod plan;
+mod source;
+
+use failure::{bad_config, bad_env, failure};
+use source::Kubernetes;
+
+/// Serves `/cni` and `/delegate` with the engine, the static network
+/// configuration and, when configured, the Kubernetes source: the
+/// server's [`Handler`] for CNI calls.
 #[derive(Debug, Clone)]
-pub struct Networks {
+pub struct CniHandler {
     engine: Arc<Engine>,
     /// The daemon's networks and the keys a call's configuration may set.
     selection: Arc<Overlay>,
@@ -35,39 +50,10 @@ pub struct Networks {
     readiness_file: Option<Indicator>,
 }
 
-/// The Kubernetes source and how long start-up waits for it.
-#[derive(Debug)]
-struct Kubernetes {
-    source: k8s::Source,
-    /// Until then, unsynced caches mean "starting"; after, "degraded".
-    settle_by: Instant,
-    /// The longest an ADD waits for unsynced caches (`queueTimeout`, the
-    /// wait a call accepts for admission), and never past `settle_by`.
-    add_wait: Duration,
-}
+/// [`CniHandler`] under the name the daemon imports.
+pub type Networks = CniHandler;
 
-impl Kubernetes {
-    /// How long an ADD arriving now may wait for the caches: until the
-    /// start-up window (`kubernetesSyncTimeout` from the start) closes, at
-    /// most `queueTimeout`. After the window, not at all: the caches
-    /// missed their start, an outage that waiting calls would only pile
-    /// up behind.
-    fn add_wait_now(&self) -> Duration {
-        self.settle_by
-            .saturating_duration_since(Instant::now())
-            .min(self.add_wait)
-    }
-
-    /// The last watch error, as a suffix for readiness texts.
-    pub(super) fn cause(&self) -> String {
-        self.source
-            .watch_error()
-            .map(|e| format!(" (last error: {e})"))
-            .unwrap_or_default()
-    }
-}
-
-impl Networks {
+impl CniHandler {
     pub fn new(
         engine: Arc<Engine>,
         selection: Overlay,
@@ -79,13 +65,8 @@ impl Networks {
             engine,
             selection: Arc::new(selection),
             readiness_file: None,
-            kubernetes: kubernetes.map(|source| {
-                Arc::new(Kubernetes {
-                    source,
-                    settle_by: Instant::now() + sync_timeout,
-                    add_wait: queue_timeout,
-                })
-            }),
+            kubernetes: kubernetes
+                .map(|source| Arc::new(Kubernetes::new(source, sync_timeout, queue_timeout))),
         }
     }
 
@@ -93,6 +74,18 @@ impl Networks {
     pub fn with_readiness_file(mut self, indicator: Indicator) -> Self {
         self.readiness_file = Some(indicator);
         self
+    }
+
+    /// For a drain, once no call is served any more: waits, at most
+    /// `within`, for what Kubernetes is still to learn of earlier ADDs
+    /// (network-status writes being retried, events being posted); what
+    /// is left is logged (how many, for which pods) and returned (see
+    /// [`k8s::publish::Publisher::finish`]). Nothing without Kubernetes.
+    pub async fn finish(&self, within: Duration) -> Pending {
+        match &self.kubernetes {
+            Some(k) => k.publisher.finish(within).await,
+            None => Pending::default(),
+        }
     }
 
     /// Loads every network of the daemon's configuration and locates its
@@ -108,8 +101,8 @@ impl Networks {
             .collect()
     }
 
-    /// [`Networks::preflight`]'s problems, each saying whether the network
-    /// itself could not be loaded or its plugins are at fault.
+    /// [`CniHandler::preflight`]'s problems, each saying whether the
+    /// network itself could not be loaded or its plugins are at fault.
     pub async fn preflight_problems(&self) -> Vec<PreflightProblem> {
         let mut problems = Vec::new();
         let cfg = self.selection.base();
@@ -134,9 +127,7 @@ impl Networks {
         }
         problems
     }
-}
 
-impl Networks {
     /// The plugin types (each plugin's `type` and its IPAM's) of every
     /// configured network that loads, by network name.
     pub async fn configured_plugin_types(&self) -> Vec<(String, Vec<String>)> {
@@ -173,41 +164,20 @@ pub struct PreflightProblem {
     pub msg: String,
 }
 
-impl Handler for Networks {
+impl Handler for CniHandler {
     fn readiness(&self) -> Readiness {
         if let Some(why) = self.readiness_file.as_ref().and_then(Indicator::not_ready) {
             return Readiness::NotReady(why);
         }
-        let Some(k) = &self.kubernetes else {
-            return Readiness::Ready;
-        };
-        if k.source.synced() {
-            Readiness::Ready
-        } else if Instant::now() < k.settle_by {
-            Readiness::Starting(format!(
-                "waiting for the Kubernetes caches (this node's pods and the \
-                 NetworkAttachmentDefinitions) to sync{}",
-                k.cause()
-            ))
-        } else {
-            Readiness::Degraded(format!(
-                "the Kubernetes caches have not synced; calls that need them are \
-                 answered with code 11 (try again later){}",
-                k.cause()
-            ))
+        match &self.kubernetes {
+            Some(k) => k.readiness(),
+            None => Readiness::Ready,
         }
     }
 
     async fn settle(&self) {
         if let Some(k) = &self.kubernetes {
-            let left = k.settle_by.saturating_duration_since(Instant::now());
-            if !k.source.wait_synced(left).await {
-                tracing::warn!(
-                    waited = %crate::duration::format(left),
-                    cause = %k.source.watch_error().unwrap_or_default(),
-                    "the Kubernetes caches did not sync in time; serving anyway"
-                );
-            }
+            k.settle().await;
         }
     }
 
@@ -231,71 +201,35 @@ impl Handler for Networks {
     }
 }
 
-impl Networks {
+/// A `/cni` request, validated.
+struct Call {
+    inv: Invocation,
+    /// The networks the call asks for (`PLEXUS_NETWORKS`).
+    requested: Vec<selection::Element>,
+    /// The call's network configuration.
+    config: Map<String, Value>,
+    /// The selection configuration in effect for it.
+    cfg: Arc<selection::Config>,
+}
+
+impl CniHandler {
     async fn serve(&self, request: api::Request) -> Result<Reply, Failure> {
-        let invalid = |i: Invalid| {
-            Failure::new(FailureKind::InvalidRequest, i.code, i.msg).with_details(i.details)
-        };
-        netconf::validate_env(request.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .map_err(invalid)?;
-        let mut inv = Invocation::from_env(|k| request.env.get(k).cloned()).map_err(invalid)?;
-        // PLEXUS_NETWORKS is ours: the plugins never see it (host-local,
-        // for one, rejects unknown CNI_ARGS keys).
-        let (requested, rest) = selection::take_from_args(&inv.arg_pairs).map_err(|e| {
-            Failure::new(
-                FailureKind::InvalidRequest,
-                code::INVALID_ENVIRONMENT,
-                e.to_string(),
-            )
-        })?;
-        if rest.len() != inv.arg_pairs.len() {
-            inv.args = rest
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(";");
-            inv.arg_pairs = rest;
-        }
-        let config = parse_config(&request.config)?;
-        // multus's overlay: the call's configuration may name networks
-        // the daemon's leaves open.
-        let cfg = self.selection.effective(&config).map_err(|e| {
-            Failure::new(
-                FailureKind::Failed,
-                code::INVALID_NETWORK_CONFIG,
-                e.to_string(),
-            )
-        })?;
+        let Call {
+            inv,
+            requested,
+            config,
+            cfg,
+        } = self.call(&request)?;
         if matches!(inv.command, Command::Add | Command::Status | Command::Gc) {
             self.wait_for_readiness_file().await?;
         }
         match inv.command {
-            Command::Add if self.kubernetes.is_some() => {
-                let pod = k8s::PodRef::from_args(&inv.arg_pairs).map_err(|e| {
-                    Failure::new(
-                        FailureKind::InvalidRequest,
-                        code::INVALID_ENVIRONMENT,
-                        e.to_string(),
-                    )
-                })?;
-                match (&self.kubernetes, pod) {
-                    (Some(k), Some(pod)) => self.add_for_pod(k, &cfg, &inv, &pod, &config).await,
-                    // Not a pod: the static networks.
-                    _ => self.add_static(&cfg, &inv, &config, &requested).await,
-                }
-            }
-            Command::Add => self.add_static(&cfg, &inv, &config, &requested).await,
-            Command::Del => {
-                let cap_args = capability_args(&config);
-                // Called only when the container's record was damaged:
-                // the networks a runtime without records would DEL.
-                let configured = || self.plan(&cfg, &inv.ifname, &requested, &config);
-                self.engine
-                    .del(&inv, cap_args, configured)
-                    .await
-                    .map_err(failure)?;
-                Ok(Reply::Done)
-            }
+            Command::Add => match self.pod_of(&inv)? {
+                Some((k, pod)) => self.add_for_pod(k, &cfg, &inv, &pod, &config).await,
+                // Not a pod: the static networks.
+                None => self.add_static(&cfg, &inv, &config, &requested).await,
+            },
+            Command::Del => self.del(&cfg, &inv, &config, &requested).await,
             Command::Check => {
                 self.engine.check(&inv).await.map_err(failure)?;
                 Ok(Reply::Done)
@@ -315,12 +249,45 @@ impl Networks {
                 Ok(Reply::Done)
             }
             // Refused by Invocation::from_env already; the plugin answers it.
-            Command::Version => Err(Failure::new(
-                FailureKind::InvalidRequest,
-                code::INVALID_ENVIRONMENT,
+            Command::Version => Err(bad_env(
                 "VERSION is answered by the CNI plugin, not by the daemon",
             )),
         }
+    }
+
+    /// The request as a call: its environment checked, `PLEXUS_NETWORKS`
+    /// taken out of its CNI_ARGS (the plugins never see it: host-local,
+    /// for one, rejects unknown keys), its configuration parsed and laid
+    /// over the daemon's (multus's overlay: the call's configuration may
+    /// name networks the daemon's leaves open).
+    fn call(&self, request: &api::Request) -> Result<Call, Failure> {
+        let invalid = |i: Invalid| {
+            Failure::new(FailureKind::InvalidRequest, i.code, i.msg).with_details(i.details)
+        };
+        netconf::validate_env(request.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(invalid)?;
+        let mut inv = Invocation::from_env(|k| request.env.get(k).cloned()).map_err(invalid)?;
+        let (requested, rest) =
+            selection::take_from_args(&inv.arg_pairs).map_err(|e| bad_env(e.to_string()))?;
+        if rest.len() != inv.arg_pairs.len() {
+            inv.args = rest
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(";");
+            inv.arg_pairs = rest;
+        }
+        let config = parse_config(&request.config)?;
+        let cfg = self
+            .selection
+            .effective(&config)
+            .map_err(|e| bad_config(e.to_string()))?;
+        Ok(Call {
+            inv,
+            requested,
+            config,
+            cfg,
+        })
     }
 
     /// Waits (bounded) for the readiness indicator file, if one is
@@ -332,15 +299,11 @@ impl Networks {
         if indicator.wait().await {
             return Ok(());
         }
-        Err(Failure::new(
-            FailureKind::Unavailable,
-            code::TRY_AGAIN_LATER,
-            format!(
-                "the readiness indicator file {} did not appear within {}; try again later",
-                indicator.path().display(),
-                crate::duration::format(indicator.timeout())
-            ),
-        ))
+        Err(failure::unavailable(format!(
+            "the readiness indicator file {} did not appear within {}; try again later",
+            indicator.path().display(),
+            crate::duration::format(indicator.timeout())
+        )))
     }
 
     /// ADD of the static networks (and those the call asks for).
@@ -355,145 +318,44 @@ impl Networks {
             .plan(cfg, &inv.ifname, requested, config)
             .await
             .map_err(failure)?;
-        let added = self
+        // No selection element, so no default route asked: never ECMP.
+        let plan = Plan::new(planned.into_iter().map(cni::plan::Network::new).collect())
+            .map_err(|e| bad_config(e.to_string()))?;
+        let attached = self
             .engine
-            .add_networks(inv, capability_args(config), planned)
+            .carry_out(inv, capability_args(config), plan)
             .await
             .map_err(failure)?;
-        for a in &added {
-            call_log::note(&a.name, &a.ifname, &a.result);
-        }
-        let res = &cni::AddedNetwork::primary(&added).map_err(failure)?.result;
-        // Always the newest version, whatever the caller's config says:
-        // multus-shim decodes the answer as 1.x and converts it itself,
-        // and so does plexus-shim.
-        let out = result::convert(res, result::LATEST)
-            .map_err(|e| Failure::new(FailureKind::Failed, e.code(), e.to_string()))?;
-        Ok(Reply::Result(out))
+        plan::answer(&attached)
     }
 
-    /// The networks a call for `ifname` gets (see [`selection::select`]),
-    /// every one loaded before anything runs.
-    async fn plan(
-        &self,
-        cfg: &selection::Config,
-        ifname: &str,
-        requested: &[selection::Element],
-        config: &Map<String, Value>,
-    ) -> Result<Vec<Planned>, cni::Error> {
-        let selected = selection::select(cfg, ifname, requested).map_err(|e| {
-            cni::Error::new(
-                ErrorKind::Invalid,
-                code::INVALID_NETWORK_CONFIG,
-                e.to_string(),
-            )
-        })?;
-        let mut planned = Vec::with_capacity(selected.len());
-        for s in selected {
-            let primary = s.is_primary();
-            planned.push(Planned::new(
-                self.load_selected(cfg, &s).await?,
-                s.ifname,
-                primary,
-            ));
-        }
-        if let Some(aux) = self.aux_network(cfg, config, planned.len()).await? {
-            planned.push(aux);
-        }
-        Ok(planned)
-    }
-
-    /// multus's auxiliary CNI chain as the last network of an ADD, when
-    /// one is configured and has plugins: interface `net<position>`, the
-    /// call's `cniVersion`, the call's capability arguments, no
-    /// network-status entry (passthru shows no interface).
-    async fn aux_network(
-        &self,
-        cfg: &selection::Config,
-        config: &Map<String, Value>,
-        position: usize,
-    ) -> Result<Option<Planned>, cni::Error> {
-        let Some(name) = &cfg.auxiliary_chain else {
+    /// With a Kubernetes source, the pod the call's CNI_ARGS name, if
+    /// any.
+    fn pod_of(&self, inv: &Invocation) -> Result<Option<(&Kubernetes, k8s::PodRef)>, Failure> {
+        let Some(k) = &self.kubernetes else {
             return Ok(None);
         };
-        let version = config
-            .get("cniVersion")
-            .and_then(Value::as_str)
-            .unwrap_or(result::LATEST);
-        let list = self
-            .engine
-            .aux_chain(&cfg.cluster_network, name, version)
-            .await?;
-        Ok(list.map(|l| Planned::new(l, format!("net{position}"), false)))
+        let pod = k8s::PodRef::from_args(&inv.arg_pairs).map_err(|e| bad_env(e.to_string()))?;
+        Ok(pod.map(|p| (k.as_ref(), p)))
     }
 
-    /// The cluster network: clusterNetwork, else the first delegate.
-    async fn cluster(&self, cfg: &selection::Config) -> Result<NetworkList, Failure> {
-        if cfg.cluster_network.is_empty() {
-            return inline_network(cfg, 0).map_err(failure);
-        }
-        self.load_network(cfg, &cfg.cluster_network)
+    /// DEL of the attachment the call names, from its record.
+    async fn del(
+        &self,
+        cfg: &selection::Config,
+        inv: &Invocation,
+        config: &Map<String, Value>,
+        requested: &[selection::Element],
+    ) -> Result<Reply, Failure> {
+        // Called only when the container's record was damaged: the
+        // networks a runtime without records would DEL.
+        let configured = || self.plan(cfg, &inv.ifname, requested, config);
+        self.engine
+            .del(inv, capability_args(config), configured)
             .await
-            .map_err(failure)
+            .map_err(failure)?;
+        Ok(Reply::Done)
     }
-
-    /// Every network of `cfg` attached before the requested ones:
-    /// clusterNetwork and defaultNetworks, or the delegates.
-    async fn configured_lists(
-        &self,
-        cfg: &selection::Config,
-    ) -> Vec<Result<NetworkList, cni::Error>> {
-        if cfg.cluster_network.is_empty() {
-            return (0..cfg.delegates.len())
-                .map(|i| inline_network(cfg, i))
-                .collect();
-        }
-        let mut out = Vec::with_capacity(1 + cfg.default_networks.len());
-        for name in std::iter::once(&cfg.cluster_network).chain(&cfg.default_networks) {
-            out.push(self.load_network(cfg, name).await);
-        }
-        out
-    }
-
-    /// A selected network's configuration.
-    async fn load_selected(
-        &self,
-        cfg: &selection::Config,
-        s: &selection::Selected,
-    ) -> Result<NetworkList, cni::Error> {
-        match s.inline {
-            Some(i) => inline_network(cfg, i),
-            None => self.load_network(cfg, &s.network).await,
-        }
-    }
-
-    /// A network by name (from the call's confDir, else the daemon's) or
-    /// path.
-    async fn load_network(
-        &self,
-        cfg: &selection::Config,
-        network: &str,
-    ) -> Result<NetworkList, cni::Error> {
-        match &cfg.conf_dir {
-            Some(dir) => self.engine.load_in(dir, network).await,
-            None => self.engine.load(network).await,
-        }
-    }
-}
-
-/// The `i`th of multus's inline network configurations (`delegates`):
-/// a list when it has `plugins`, else a single plugin.
-fn inline_network(cfg: &selection::Config, i: usize) -> Result<NetworkList, cni::Error> {
-    let invalid =
-        |why: String| cni::Error::new(ErrorKind::Invalid, code::INVALID_NETWORK_CONFIG, why);
-    let value = cfg
-        .delegates
-        .get(i)
-        .ok_or_else(|| invalid(format!("delegates[{i}]: no such delegate")))?;
-    let single = value.get("plugins").is_none();
-    let label = format!("delegates[{i}]");
-    NetworkList::from_value(std::path::Path::new(&label), value.clone(), single)
-        .map_err(|e| invalid(e.to_string()))
 }
 
 /// The runtime's capability arguments (`runtimeConfig`), none when absent.
@@ -576,13 +438,4 @@ pub fn valid_attachments(
         }
     }
     Ok(set)
-}
-
-fn failure(e: cni::Error) -> Failure {
-    let kind = match e.kind {
-        ErrorKind::Invalid => FailureKind::InvalidRequest,
-        ErrorKind::Failed => FailureKind::Failed,
-        ErrorKind::Internal => FailureKind::Internal,
-    };
-    Failure::new(kind, e.code, e.msg).with_details(e.details)
 }

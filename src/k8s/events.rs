@@ -2,9 +2,9 @@
 //! event per ADD listing every interface, network and address (multus
 //! posts one per network), and a `NoNetworkFound` warning when a pod names
 //! a NetworkAttachmentDefinition that does not exist. Posted in the
-//! background, at most [`IN_FLIGHT`] at once (more are dropped, with a
-//! debug line), each bounded by the request timeout: an event never delays
-//! or fails a call.
+//! background (by [`super::publish::Publisher`], which tracks them), at
+//! most [`IN_FLIGHT`] at once (more are dropped, with a debug line), each
+//! bounded by the request timeout: an event never delays or fails a call.
 
 use std::sync::Arc;
 
@@ -107,21 +107,28 @@ impl Default for Poster {
 }
 
 impl Source {
-    /// Posts an event about `pod` in the background, when events are on;
-    /// returns at once.
-    pub fn pod_event(&self, pod: &PodInfo, reason: &str, kind: Kind, message: String) {
+    /// The post of an event about `pod`, to run in the background; `None`
+    /// when events are off, or when [`IN_FLIGHT`] are being posted already
+    /// (this one is dropped, with a debug line).
+    pub(super) fn event_post(
+        &self,
+        pod: &PodInfo,
+        reason: &str,
+        kind: Kind,
+        message: &str,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         if !self.config.pod_events {
-            return;
+            return None;
         }
         let Ok(slot) = self.events.slots.clone().try_acquire_owned() else {
             tracing::debug!(namespace = %pod.namespace, pod = %pod.name, reason, "too many pod events being posted; this one is dropped");
-            return;
+            return None;
         };
-        let ev = event(pod, &self.config.node_name, reason, kind, &message);
+        let ev = event(pod, &self.config.node_name, reason, kind, message);
         let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
         let timeout = self.config.request_timeout;
         let (namespace, name) = (pod.namespace.clone(), pod.name.clone());
-        tokio::spawn(async move {
+        Some(async move {
             let _slot = slot;
             let posted = match tokio::time::timeout(
                 timeout,
@@ -136,6 +143,6 @@ impl Source {
             if let Err(e) = posted {
                 tracing::debug!(namespace = %namespace, pod = %name, cause = %e, "pod event not posted");
             }
-        });
+        })
     }
 }

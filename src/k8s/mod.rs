@@ -36,6 +36,7 @@ pub mod dra;
 pub mod events;
 mod nad;
 mod pod;
+pub mod publish;
 mod slim;
 pub mod status;
 

@@ -8,9 +8,12 @@
 //! the kubelet gave the pod) it asks through [`Cluster`], which
 //! `k8s::Source` implements; what it needs of network configurations
 //! (confDir networks, paths, inline delegates) through [`Configs`], which
-//! the handler implements with the engine's loader. The plan is data: the
-//! caller copies the device-info files it lists, runs the networks and
-//! writes network-status.
+//! the handler implements with the engine's loader. The plan is data
+//! ([`Plan`]): the networks in order, each with its interface, its
+//! configuration, CNI_ARGS and capability arguments, the default route its
+//! element asks for and the device-info file to copy to it, then multus's
+//! auxiliary chain. The caller has it carried out and writes
+//! network-status.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -104,6 +107,10 @@ pub trait Configs {
     /// A configured network (the cluster network or a default network):
     /// by name or path, or an inline delegate.
     async fn load_selected(&self, selected: &Selected) -> Result<NetworkList, Self::Error>;
+
+    /// multus's auxiliary chain `name` (`auxiliaryCNIChainName`) beside the
+    /// cluster network; `None` when it has no plugins.
+    async fn auxiliary_chain(&self, name: &str) -> Result<Option<NetworkList>, Self::Error>;
 }
 
 /// The pod of an ADD, as the API holds it.
@@ -176,6 +183,18 @@ pub struct Network {
     pub copy_device_info: Option<(PathBuf, PathBuf)>,
 }
 
+/// A pod's ADD, planned: everything that runs, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The pod's networks, in multus's order.
+    pub networks: Vec<Network>,
+    /// multus's auxiliary chain, run after them: interface `net<N>` (`N`
+    /// the number of networks), the pod's CNI_ARGS, the call's capability
+    /// arguments, shown by its network name (its result shows no
+    /// interface, so it has no network-status entry).
+    pub auxiliary: Option<Network>,
+}
+
 /// Why a pod's networks cannot be planned.
 #[derive(Debug, thiserror::Error)]
 pub enum Error<E> {
@@ -217,13 +236,14 @@ impl<E> Error<E> {
 }
 
 /// Plans the networks of `request`'s pod under `config`, in multus's
-/// order, every one resolved before anything runs.
+/// order, then the auxiliary chain, every one resolved before anything
+/// runs.
 pub async fn plan<C: Cluster, N: Configs>(
     config: &Config,
     request: &Request<'_>,
     cluster: &C,
     configs: &N,
-) -> Result<Vec<Network>, Error<N::Error>> {
+) -> Result<Plan, Error<N::Error>> {
     let pod = &request.pod;
     let unusable = |source| Error::Annotation {
         pod: pod.display(),
@@ -269,7 +289,63 @@ pub async fn plan<C: Cluster, N: Configs>(
         };
         out.push(network);
     }
-    Ok(out)
+    let auxiliary = planner.auxiliary(out.len()).await?;
+    Ok(Plan {
+        networks: out,
+        auxiliary,
+    })
+}
+
+/// The NAD in multusNamespace a configured network names, if there is one
+/// (not for a path or an inline delegate), with the selection that names
+/// it.
+fn configured_nad<C: Cluster>(
+    config: &Config,
+    cluster: &C,
+    s: &Selected,
+) -> Option<(Selection, Nad)> {
+    if s.inline.is_some() || s.network.contains('/') {
+        return None;
+    }
+    let ns = &config.multus_namespace;
+    let nad = cluster.network_attachment(ns, &s.network)?;
+    let sel = Selection {
+        name: s.network.clone(),
+        namespace: ns.clone(),
+        ..Selection::default()
+    };
+    Some((sel, nad))
+}
+
+/// A NAD's delegate: its `spec.config`, or the confDir network of its name
+/// when the spec is empty.
+async fn nad_delegate<N: Configs>(
+    configs: &N,
+    sel: &Selection,
+    nad: &Nad,
+) -> Result<nad::NadDelegate, Error<N::Error>> {
+    // The confDir fallback reads files: looked up here, asynchronously,
+    // and handed to the pure resolution.
+    let file = match &nad.config {
+        None if !sel.name.contains('/') => Some(configs.load_network(&sel.name).await),
+        _ => None,
+    };
+    let delegate = nad::delegate_for_selection(sel, nad.config.as_deref(), move |_| {
+        file.unwrap_or_else(|| {
+            Err(ConfigError::File {
+                file: "confDir".into(),
+                why: "no file was looked up".into(),
+            })
+        })
+    })?;
+    Ok(delegate)
+}
+
+fn config_error<E>(delegate: &nad::NadDelegate, source: ConfigError) -> Error<E> {
+    Error::Config {
+        display: delegate.display_name.clone(),
+        source,
+    }
 }
 
 /// A NAD's network, resolved.
@@ -325,20 +401,8 @@ impl<C: Cluster, N: Configs> Planner<'_, C, N> {
     /// multusNamespace, else a network name in confDir or a path; or an
     /// inline delegate.
     async fn configured(&mut self, s: Selected) -> Result<Network, Error<N::Error>> {
-        let ns = &self.config.multus_namespace;
-        let nad = match s.inline {
-            None if !s.network.contains('/') => self.cluster.network_attachment(ns, &s.network),
-            _ => None,
-        };
-        let n = match nad {
-            Some(nad) => {
-                let sel = Selection {
-                    name: s.network.clone(),
-                    namespace: ns.clone(),
-                    ..Selection::default()
-                };
-                self.nad_network(&sel, &nad).await?
-            }
+        let n = match configured_nad(self.config, self.cluster, &s) {
+            Some((sel, nad)) => self.nad_network(&sel, &nad).await?,
             None => {
                 let list = self.configs.load_selected(&s).await.map_err(Error::Load)?;
                 NadNetwork {
@@ -397,6 +461,32 @@ impl<C: Cluster, N: Configs> Planner<'_, C, N> {
         })
     }
 
+    /// multus's auxiliary chain, when one is configured and has plugins,
+    /// as the network after the `position` others.
+    async fn auxiliary(&self, position: usize) -> Result<Option<Network>, Error<N::Error>> {
+        let Some(name) = &self.config.auxiliary_chain else {
+            return Ok(None);
+        };
+        let Some(list) = self
+            .configs
+            .auxiliary_chain(name)
+            .await
+            .map_err(Error::Load)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Network {
+            display_name: list.name.clone(),
+            list,
+            ifname: format!("net{position}"),
+            primary: false,
+            cni_args: self.cni_args(Vec::new()),
+            capability_args: None,
+            default_route: None,
+            copy_device_info: None,
+        }))
+    }
+
     fn find_nad(&self, sel: &Selection) -> Result<Nad, nad::Error> {
         self.cluster
             .network_attachment(&sel.namespace, &sel.name)
@@ -415,20 +505,7 @@ impl<C: Cluster, N: Configs> Planner<'_, C, N> {
         sel: &Selection,
         nad: &Nad,
     ) -> Result<NadNetwork, Error<N::Error>> {
-        // The confDir fallback reads files: looked up here, asynchronously,
-        // and handed to the pure resolution.
-        let file = match &nad.config {
-            None if !sel.name.contains('/') => Some(self.configs.load_network(&sel.name).await),
-            _ => None,
-        };
-        let mut delegate = nad::delegate_for_selection(sel, nad.config.as_deref(), move |_| {
-            file.unwrap_or_else(|| {
-                Err(ConfigError::File {
-                    file: "confDir".into(),
-                    why: "no file was looked up".into(),
-                })
-            })
-        })?;
+        let mut delegate = nad_delegate(self.configs, sel, nad).await?;
         // As multus: each NAD naming a resource takes the pod's next
         // device of it, in network order; none left, none given.
         let mut device = None;
@@ -438,10 +515,9 @@ impl<C: Cluster, N: Configs> Planner<'_, C, N> {
                 device = Some((resource.to_string(), id));
             }
         }
-        let list = delegate.network_list().map_err(|source| Error::Config {
-            display: delegate.display_name.clone(),
-            source,
-        })?;
+        let list = delegate
+            .network_list()
+            .map_err(|source| config_error(&delegate, source))?;
         Ok(NadNetwork {
             list,
             display_name: delegate.display_name,

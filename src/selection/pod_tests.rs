@@ -124,6 +124,11 @@ impl Configs for FakeConfigs {
     async fn load_selected(&self, s: &Selected) -> Result<NetworkList, ConfigError> {
         self.find(&s.network)
     }
+
+    /// The network of that name, if there is one (else: no plugins).
+    async fn auxiliary_chain(&self, name: &str) -> Result<Option<NetworkList>, ConfigError> {
+        Ok(self.find(name).ok())
+    }
 }
 
 /// An ADD for pod `<namespace>/p`.
@@ -169,12 +174,23 @@ impl Call {
         (plan, configs.loaded.take())
     }
 
+    /// The pod's networks under `config` (the auxiliary chain aside).
     async fn plan_with(
         &self,
         config: &Config,
         cluster: &FakeCluster,
         configs: &FakeConfigs,
     ) -> Result<Vec<Network>, Error<ConfigError>> {
+        let plan = self.plan_whole(config, cluster, configs).await?;
+        Ok(plan.networks)
+    }
+
+    async fn plan_whole(
+        &self,
+        config: &Config,
+        cluster: &FakeCluster,
+        configs: &FakeConfigs,
+    ) -> Result<Plan, Error<ConfigError>> {
         let request = Request {
             pod: Pod {
                 namespace: self.namespace,
@@ -600,6 +616,30 @@ async fn other_failures_should_keep_their_kind() {
     assert!(matches!(e, Error::Config { .. }), "{e}");
     assert!(e.to_string().starts_with("ns1/old: "), "{e}");
     assert!(!e.is_transient());
+}
+
+#[tokio::test]
+async fn the_auxiliary_chain_should_follow_the_pods_networks_with_its_keys() {
+    let cluster = FakeCluster::default().nad("ns1", "a");
+    let mut config = config();
+    config.auxiliary_chain = Some("aux".into());
+    let configs = FakeConfigs::with(&["cluster", "extra", "aux"]);
+    let call = Call::new("ns1").networks("a");
+    let plan = call.plan_whole(&config, &cluster, &configs).await.unwrap();
+    let aux = plan.auxiliary.unwrap();
+    assert_eq!(
+        (aux.display_name.as_str(), aux.ifname.as_str(), aux.primary),
+        ("aux", "net3", false)
+    );
+    // The pod's keys, as the cluster network has them; the call's
+    // capability arguments; no default route, no device-info file.
+    assert_eq!(aux.cni_args, plan.networks[0].cni_args);
+    assert_eq!(aux.capability_args, None);
+    assert!(aux.default_route.is_none() && aux.copy_device_info.is_none());
+    // A chain without plugins adds nothing.
+    let configs = FakeConfigs::with(&["cluster", "extra"]);
+    let plan = call.plan_whole(&config, &cluster, &configs).await.unwrap();
+    assert!(plan.auxiliary.is_none());
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! multus's `default-route` on a Kubernetes node, with Debian's plugins
 //! in real network namespaces: the selection element's gateway takes the
 //! pod's default route from the cluster network, two IPv4 gateways fail the
-//! ADD before anything is attached, and without the key the routes the
-//! plugins installed stay.
+//! ADD before anything is attached, a route the kernel refuses rolls the
+//! ADD back, and without the key the routes the plugins installed stay.
 //!
 //! The cluster network's IPAM installs the default route (a host-local
 //! `routes` entry) rather than the bridge's `isGateway`, which would also
@@ -222,8 +222,12 @@ fn an_empty_list_should_leave_other_networks_default_routes() {
     del_and_check(&n, "k8sdrnone1", &netns, &args, &["eth0", "net1"]);
 }
 
+/// A route the kernel refuses fails the ADD after its networks were
+/// attached: the ADD is rolled back as any failed ADD (docs/records.md):
+/// every network's DEL runs, so the interfaces and the addresses go, and
+/// the record with them; the runtime's DEL that follows finds nothing.
 #[test]
-fn an_unreachable_gateway_should_fail_the_add_and_leave_it_for_del() {
+fn an_unreachable_gateway_should_fail_the_add_and_roll_it_back() {
     // 192.0.2.1 (TEST-NET-1) is on no subnet of the pod: the kernel
     // refuses the route.
     let annotation = json!([{"name": "blue", "default-route": ["192.0.2.1"]}]).to_string();
@@ -231,23 +235,29 @@ fn an_unreachable_gateway_should_fail_the_add_and_leave_it_for_del() {
     let n = node("k8s-drbad", ns, pod, uid, |_| networks(&annotation));
     let netns = Netns::new();
     let args = pod_args(ns, pod, uid);
+    let mark = n.api.mark();
     let run = add(&n, "k8sdrbad1", &netns, &args);
     let (_, msg, _) = failed(&n.daemon, &run);
     assert!(
         msg.contains("net1") && msg.contains("192.0.2.1"),
         "the error should name the interface and the gateway: {msg}"
     );
-    // No rollback, as multus: the attachments and their record stay, and
-    // the runtime's DEL removes them.
-    assert!(netns.iface("eth0").is_some() && netns.iface("net1").is_some());
-    assert!(!n.engine.records().is_empty());
-    del_and_check(&n, "k8sdrbad1", &netns, &args, &["eth0", "net1"]);
+    assert!(
+        netns.ifaces().iter().all(|i| i.name == "lo"),
+        "{:?}",
+        netns.ifaces()
+    );
+    assert!(n.engine.records().is_empty(), "{:?}", n.engine.records());
     for net in ["cluster", "blue-net"] {
         assert!(
             n.engine.reservations(net).is_empty(),
             "{net} keeps an address"
         );
     }
+    // Nothing was written to the pod.
+    let calls = n.api.calls_since(mark);
+    assert!(calls.iter().all(|c| c.method != "PATCH"), "{calls:#?}");
+    del_and_check(&n, "k8sdrbad1", &netns, &args, &["eth0", "net1"]);
 }
 
 /// The default-network annotation's element may carry the key too: its

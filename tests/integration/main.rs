@@ -44,6 +44,7 @@ mod k8s_devices;
 mod k8s_dra;
 mod k8s_large;
 mod k8s_networks;
+mod k8s_publish;
 mod k8s_selection;
 mod k8s_source;
 mod kube_fake;

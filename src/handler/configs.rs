@@ -5,13 +5,12 @@
 
 use serde_json::{Map, Value};
 
-use super::{failure::failure, CniHandler};
+use super::CniHandler;
 use crate::api::code;
 use crate::cni::{self, ErrorKind};
 use crate::netconf::{ConfigError, NetworkList};
 use crate::result;
 use crate::selection::{self, pod};
-use crate::server::Failure;
 
 /// One call's network configurations ([`pod::Configs`]).
 pub(super) struct CallConfigs<'a> {
@@ -56,6 +55,27 @@ impl pod::Configs for CallConfigs<'_> {
     }
 }
 
+/// No cluster: outside Kubernetes there are no NADs, and pod planning
+/// asks for devices only for a NAD's network.
+pub(super) struct NoCluster;
+
+impl pod::Cluster for NoCluster {
+    fn network_attachment(&self, _namespace: &str, _name: &str) -> Option<pod::Nad> {
+        None
+    }
+
+    async fn pod_devices(&self, _pod: &pod::Pod<'_>) -> Result<pod::DeviceIds, pod::DevicesError> {
+        Ok(pod::DeviceIds::new())
+    }
+
+    async fn pod_claim_devices(
+        &self,
+        _pod: &pod::Pod<'_>,
+    ) -> Result<pod::DeviceIds, pod::DevicesError> {
+        Ok(pod::DeviceIds::new())
+    }
+}
+
 impl CniHandler {
     /// The network configurations of a call under `cfg` with `config`.
     pub(super) fn configs<'a>(
@@ -68,16 +88,6 @@ impl CniHandler {
             cfg,
             config,
         }
-    }
-
-    /// The cluster network: clusterNetwork, else the first delegate.
-    pub(super) async fn cluster(&self, cfg: &selection::Config) -> Result<NetworkList, Failure> {
-        if cfg.cluster_network.is_empty() {
-            return inline_network(cfg, 0).map_err(failure);
-        }
-        self.load_network(cfg, &cfg.cluster_network)
-            .await
-            .map_err(failure)
     }
 
     /// Every network of `cfg` attached before the requested ones:

@@ -6,7 +6,8 @@
 //! multus-shim does).
 //!
 //! - `kube.rs`: ADD for a pod; `plan.rs`: plans as the engine carries them
-//!   out, and an ADD's answer; `delegate.rs`: `/delegate` (hot-plug).
+//!   out, and an ADD's answer; `status.rs`: STATUS; `delegate.rs`:
+//!   `/delegate` (hot-plug).
 //! - `configs.rs`: a call's network configurations as selection asks for
 //!   them; `source.rs`: the Kubernetes source and its start-up window;
 //!   `failure.rs`: each part's error as the answer's; `call_log.rs`: one
@@ -33,6 +34,7 @@ mod failure;
 mod kube;
 mod plan;
 mod source;
+mod status;
 
 use failure::{bad_config, bad_env, failure};
 use source::Kubernetes;
@@ -234,11 +236,7 @@ impl CniHandler {
                 self.engine.check(&inv).await.map_err(failure)?;
                 Ok(Reply::Done)
             }
-            Command::Status => {
-                let list = self.cluster(&cfg).await?;
-                self.engine.status(&list).await.map_err(failure)?;
-                Ok(Reply::Done)
-            }
+            Command::Status => self.status(&cfg, &config).await,
             Command::Gc => {
                 let valid = valid_attachments(&config)?;
                 let mut lists = Vec::new();

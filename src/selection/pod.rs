@@ -14,6 +14,9 @@
 //! element asks for and the device-info file to copy to it, then multus's
 //! auxiliary chain. The caller has it carried out and writes
 //! network-status.
+//!
+//! [`configured`] resolves, the same way but for no pod, the networks
+//! every pod gets (what STATUS asks).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -294,6 +297,30 @@ pub async fn plan<C: Cluster, N: Configs>(
         networks: out,
         auxiliary,
     })
+}
+
+/// The networks every pod gets, the cluster network and the default
+/// networks (or the delegates), each by its name and as [`plan`] resolves
+/// it for a pod (a NAD of that name in multusNamespace, else confDir), but
+/// with no device taken: what STATUS asks.
+pub async fn configured<C: Cluster, N: Configs>(
+    config: &Config,
+    cluster: &C,
+    configs: &N,
+) -> Result<Vec<(String, Result<NetworkList, Error<N::Error>>)>, super::Error> {
+    // The interface names do not matter here.
+    let selected = super::select(config, "eth0", &[])?;
+    let mut out = Vec::with_capacity(selected.len());
+    for s in selected {
+        let list = match configured_nad(config, cluster, &s) {
+            Some((sel, nad)) => nad_delegate(configs, &sel, &nad)
+                .await
+                .and_then(|d| d.network_list().map_err(|source| config_error(&d, source))),
+            None => configs.load_selected(&s).await.map_err(Error::Load),
+        };
+        out.push((s.network, list));
+    }
+    Ok(out)
 }
 
 /// The NAD in multusNamespace a configured network names, if there is one

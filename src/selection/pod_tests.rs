@@ -642,6 +642,40 @@ async fn the_auxiliary_chain_should_follow_the_pods_networks_with_its_keys() {
     assert!(plan.auxiliary.is_none());
 }
 
+#[tokio::test]
+async fn configured_networks_should_resolve_as_for_a_pod_without_taking_devices() {
+    // `extra` is a NAD in multusNamespace naming a resource; `cluster` a
+    // confDir network; `gone` neither.
+    let cluster = FakeCluster::default().nad_with(
+        "kube-system",
+        "extra",
+        sriov("extra-net"),
+        Some("intel.com/sriov"),
+    );
+    let configs = FakeConfigs::with(&["cluster"]);
+    let mut config = Config::new("cluster", vec!["extra".into(), "gone".into()]);
+    let got = configured(&config, &cluster, &configs).await.unwrap();
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["cluster", "extra", "gone"]);
+    assert_eq!(got[0].1.as_ref().unwrap().name, "cluster");
+    let extra = got[1].1.as_ref().unwrap();
+    assert_eq!(
+        (extra.name.as_str(), extra.plugin_type(0)),
+        ("extra-net", "sriov")
+    );
+    assert!(
+        matches!(&got[2].1, Err(Error::Load(ConfigError::NotFound { name, .. })) if name == "gone")
+    );
+    assert_eq!(cluster.asked.get(), 0, "the kubelet was asked");
+    // Without a cluster network, the delegates.
+    config.cluster_network.clear();
+    config.delegates = vec![json!({"name": "d0", "type": "ptp"})];
+    let configs = FakeConfigs::with(&["d0"]);
+    let got = configured(&config, &cluster, &configs).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, "d0");
+}
+
 #[test]
 fn devices_should_be_sorted_and_handed_out_once() {
     let mut d = Devices::new(BTreeMap::from([(

@@ -395,7 +395,8 @@ fn events_should_be_optional_and_never_fail_an_add() {
 /// CHECK of a pod checks every network its ADD attached (the cluster
 /// network and each NAD's), from the record, with no API call; a broken
 /// interface of one NAD's network fails it, naming that network. STATUS
-/// asks the cluster network, as multus's does.
+/// asks the networks every pod gets: here the cluster network alone
+/// (`status_networks` has the default networks).
 #[test]
 fn check_and_status_of_a_pod_should_cover_its_networks() {
     let n = one_pod("k8s-check", "chk", "blue, shared/red@red0", json!({}));

@@ -67,6 +67,7 @@ mod shim;
 mod shim_wire;
 mod spawner;
 mod start_order;
+mod status_networks;
 mod systemd_units;
 mod upgrade;
 mod work_ownership;

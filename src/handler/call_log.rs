@@ -1,6 +1,6 @@
 //! One log line per CNI call, at its end: the command, the container, the
-//! pod, what an ADD attached (each network with its interface and
-//! addresses) or the error, and how long the call took; `info` when it
+//! pod, what an ADD attached or a DEL removed (each network with its
+//! interface and addresses) or the error, and how long the call took; `info` when it
 //! succeeded, `warn` when it failed. In the journal each is a field of its
 //! own (`COMMAND`, `CONTAINER_ID`, `POD`, `NETWORKS`, `CODE`, `ERROR`,
 //! `DURATION_MS`).
@@ -146,6 +146,42 @@ pub(super) fn note(name: &str, ifname: &str, result: &Value) {
     let _ = ATTACHED.try_with(|a| a.borrow_mut().push(line));
 }
 
+/// Notes the networks a DEL of attachment `ifname` is about to remove, as
+/// the container's summary (`/attachments`, [`crate::cni::show`]) shows
+/// them: the attachment's and those hot-plugged into it.
+pub(super) fn note_removed(summary: &Value, ifname: &str) {
+    let lines = removed(summary, ifname);
+    let _ = ATTACHED.try_with(|a| a.borrow_mut().extend(lines));
+}
+
+/// [`note_removed`]'s lines, each `<name> <ifname> <address>...`.
+fn removed(summary: &Value, ifname: &str) -> Vec<String> {
+    let named = |a: &&Value| {
+        a.get("ifname").and_then(Value::as_str) == Some(ifname)
+            || a.get("hotPluggedInto").and_then(Value::as_str) == Some(ifname)
+    };
+    let attachments = summary.get("attachments").and_then(Value::as_array);
+    let networks = attachments
+        .into_iter()
+        .flatten()
+        .filter(named)
+        .filter_map(|a| a.get("networks").and_then(Value::as_array))
+        .flatten();
+    networks
+        .map(|n| {
+            let text = |k: &str| n.get(k).and_then(Value::as_str).unwrap_or_default();
+            let mut line = format!("{} {}", text("network"), text("interface"));
+            for ip in n.get("ips").and_then(Value::as_array).into_iter().flatten() {
+                if let Some(ip) = ip.as_str() {
+                    line.push(' ');
+                    line.push_str(ip);
+                }
+            }
+            line
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,5 +229,32 @@ mod tests {
         );
         // Outside a call: ignored.
         note("x", "eth0", &json!({}));
+    }
+
+    #[test]
+    fn a_dels_networks_should_be_those_of_its_attachment_and_hot_plugs() {
+        let summary = json!({
+            "containerId": "c1",
+            "attachments": [
+                {"ifname": "eth0", "netns": "/run/netns/x", "networks": [
+                    {"network": "cluster", "interface": "eth0", "primary": true,
+                     "state": "added", "ips": ["10.0.0.5/24", "fd00::5/64"]},
+                    {"network": "ns1/blue", "interface": "net1", "primary": false,
+                     "state": "added", "ips": []}]},
+                {"ifname": "hp1", "hotPluggedInto": "eth0", "networks": [
+                    {"network": "hp", "interface": "hp1", "state": "added", "ips": ["10.9.0.2/24"]}]},
+                {"ifname": "eth1", "networks": [{"network": "other", "interface": "eth1"}]}
+            ]
+        });
+        assert_eq!(
+            removed(&summary, "eth0"),
+            [
+                "cluster eth0 10.0.0.5/24 fd00::5/64",
+                "ns1/blue net1",
+                "hp hp1 10.9.0.2/24"
+            ]
+        );
+        assert!(removed(&summary, "eth9").is_empty());
+        assert!(removed(&json!({"damaged": true}), "eth0").is_empty());
     }
 }

@@ -337,7 +337,8 @@ impl CniHandler {
         Ok(pod.map(|p| (k.as_ref(), p)))
     }
 
-    /// DEL of the attachment the call names, from its record.
+    /// DEL of the attachment the call names, from its record; the networks
+    /// it removes are noted for the call's log line, as recorded before.
     async fn del(
         &self,
         cfg: &selection::Config,
@@ -345,6 +346,9 @@ impl CniHandler {
         config: &Map<String, Value>,
         requested: &[selection::Element],
     ) -> Result<Reply, Failure> {
+        if let Ok(Some(shown)) = self.engine.attachments(&inv.container_id).await {
+            call_log::note_removed(&shown, &inv.ifname);
+        }
         // Called only when the container's record was damaged: the
         // networks a runtime without records would DEL.
         let configured = || self.plan(cfg, &inv.ifname, requested, config);

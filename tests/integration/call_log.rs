@@ -1,8 +1,8 @@
 //! One log line per CNI call, with Debian's plugins: `info` for a call
 //! that succeeded (command, container, interface, every network an ADD
-//! attached with its interface and addresses, duration), `warn` with the
-//! code and the error for one that failed; in the journal, each a field of
-//! its own.
+//! attached or a DEL removed with its interface and addresses, duration),
+//! `warn` with the code and the error for one that failed; in the
+//! journal, each a field of its own.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -96,11 +96,16 @@ fn each_call_should_leave_one_line_with_what_it_did() {
     }
     let del = lines(&format!("CNI DEL of {id} done"));
     assert_eq!(del.len(), 1, "{log}");
-    assert!(
-        del[0].contains("command=DEL") && del[0].contains("duration_ms="),
-        "{}",
-        del[0]
-    );
+    let del = del[0];
+    for part in [
+        "command=DEL".to_string(),
+        // What it removed, as the ADD's line named it.
+        format!("cluster eth0 {}", addrs["eth0"]),
+        format!("extra net1 {}", addrs["net1"]),
+        "duration_ms=".to_string(),
+    ] {
+        assert!(del.contains(&part), "{part} missing from {del}");
+    }
     let bad = lines("CNI ADD of calllog2 failed");
     assert_eq!(bad.len(), 1, "{log}");
     assert!(bad[0].contains(" WARN "), "{}", bad[0]);

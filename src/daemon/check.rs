@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::cni::exec::Runner;
 use crate::cni::state::Store;
 use crate::config::{self, Config, PathScope, Role};
-use crate::handler::Networks;
+use crate::handler::CniHandler;
 use crate::{cni, k8s};
 
 use super::plugin_needs;
@@ -308,7 +308,7 @@ fn networks_and_kubernetes(
         let runner = Runner::new(cni_config.bin_dirs.clone(), cni_config.plugin_timeout, None);
         let engine = cni::Engine::with_backends(cni_config, Arc::new(runner), Arc::new(store))
             .map_err(|e| e.msg)?;
-        let handler = Networks::new(
+        let handler = CniHandler::new(
             Arc::new(engine),
             config.selection.clone(),
             None,

@@ -16,7 +16,7 @@ use tracing::{error, info, warn};
 
 use crate::activation::{self, OwnedPath};
 use crate::config::{self, Lifecycle};
-use crate::handler::Networks;
+use crate::handler::CniHandler;
 use crate::limit::{Admission, ConnectionLimit};
 use crate::metrics::Metrics;
 use crate::notify::{self, Notifier};
@@ -185,7 +185,7 @@ fn networks_handler(
     runtime: &tokio::runtime::Runtime,
     config: &config::Config,
     metrics: Arc<Metrics>,
-) -> Result<(Networks, Arc<cni::Engine>), Exit> {
+) -> Result<(CniHandler, Arc<cni::Engine>), Exit> {
     let selection = config.selection.clone();
     if !selection.base().has_networks() {
         info!(
@@ -207,7 +207,7 @@ fn networks_handler(
         return Err(Exit::Config);
     }
     let kubernetes = start_kubernetes(runtime, &config.kubernetes)?;
-    let mut handler = Networks::new(
+    let mut handler = CniHandler::new(
         engine.clone(),
         selection,
         kubernetes,
@@ -249,7 +249,7 @@ fn start_kubernetes(
 /// delay readiness) and plexusd's own retries of failed DELs.
 fn background_work(
     runtime: tokio::runtime::Handle,
-    check: Networks,
+    check: CniHandler,
     cleanups: Arc<cni::Engine>,
 ) -> impl FnOnce() {
     move || {
@@ -519,6 +519,7 @@ async fn run<H: Handler>(
     // The drain: refuse new work, hand the socket path on, then wait
     // (within the grace period) for connections and work to finish.
     let reason = stop.reason();
+    let draining = std::time::Instant::now();
     shared.begin_drain();
     status::notify_stopping(&notifier, &metrics);
     if let Some(owned) = owned {
@@ -527,6 +528,13 @@ async fn run<H: Handler>(
     stop_serving.cancel();
     status_task.abort();
     let drained = servers.drained().await?;
+    // Then what the calls left running (writes to Kubernetes being
+    // retried), within what is left of the grace period.
+    let left = config
+        .lifecycle
+        .shutdown_timeout
+        .saturating_sub(draining.elapsed());
+    shared.handler.finish(left).await;
     if let Some(t) = metrics_task {
         let _ = t.await;
     }

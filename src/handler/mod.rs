@@ -52,9 +52,6 @@ pub struct CniHandler {
     readiness_file: Option<Indicator>,
 }
 
-/// [`CniHandler`] under the name the daemon imports.
-pub type Networks = CniHandler;
-
 impl CniHandler {
     pub fn new(
         engine: Arc<Engine>,
@@ -83,7 +80,7 @@ impl CniHandler {
     /// (network-status writes being retried, events being posted); what
     /// is left is logged (how many, for which pods) and returned (see
     /// [`k8s::publish::Publisher::finish`]). Nothing without Kubernetes.
-    pub async fn finish(&self, within: Duration) -> Pending {
+    pub async fn finish_publishing(&self, within: Duration) -> Pending {
         match &self.kubernetes {
             Some(k) => k.publisher.finish(within).await,
             None => Pending::default(),
@@ -200,6 +197,10 @@ impl Handler for CniHandler {
             .attachments(&container_id)
             .await
             .map_err(failure)
+    }
+
+    async fn finish(&self, within: Duration) {
+        self.finish_publishing(within).await;
     }
 }
 

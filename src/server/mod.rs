@@ -125,6 +125,13 @@ pub trait Handler: Send + Sync + 'static {
     fn settle(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
+    /// Waits, at most `within`, for work the handler's calls left running
+    /// in the background once every call has ended; what is still running
+    /// then is handed over, which the handler logs. The drain awaits it
+    /// after the servers drained.
+    fn finish(&self, _within: Duration) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// What `/readyz` answers.

@@ -145,7 +145,7 @@ fn a_status_write_refused_at_add_time_should_be_retried_and_waited_for_by_the_dr
     assert!(n.subnet.holds(address), "{eth0:?}");
 
     let started = Instant::now();
-    let pending = n.rt.block_on(n.handler.finish(T));
+    let pending = n.rt.block_on(n.handler.finish_publishing(T));
     assert!(pending.is_empty(), "{pending:?}");
     assert!(
         started.elapsed() < T,
@@ -168,7 +168,8 @@ fn a_status_write_still_refused_should_be_handed_over_naming_the_pod() {
     n.call("ADD", "k8spubl1", &netns).unwrap();
     assert!(netns.iface("eth0").is_some());
 
-    let pending = n.rt.block_on(n.handler.finish(Duration::from_millis(300)));
+    let pending =
+        n.rt.block_on(n.handler.finish_publishing(Duration::from_millis(300)));
     assert_eq!(pending.work, ["network-status of ns1/p"]);
     assert!(n.api.network_status("ns1", "p").is_none());
     // The write in the call's path, and the retry the drain hurried.

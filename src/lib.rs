@@ -16,16 +16,19 @@
 //!   server      accept loop, HTTP, routes, read timeouts, graceful drain
 //!   limit       open-connection cap and CNI admission (a turn per container,
 //!               then limit + FIFO queue; accepting pauses on a deep queue)
-//!   handler     joins the others: wire request -> validated call -> planned
-//!               networks -> engine -> answer (and network-status for pods)
+//!   handler     joins the others: wire request -> validated call -> the
+//!               plan selection makes -> the engine carries it out -> answer
+//!               (and what Kubernetes learns, published by k8s)
 //!   k8s         this node's pods and the NetworkAttachmentDefinitions (watch
 //!               caches of slim values, not objects), the kubelet's devices,
-//!               the network-status write;
+//!               publishing network-status and events (retries tracked for
+//!               the drain);
 //!               implements selection's lookup trait for pods
 //!   selection   which networks a container gets, in which order, ifnames:
 //!               static config, pod annotations, NADs -> network configs
 //!               (a pod's plan behind a lookup trait, no Kubernetes client)
-//!   cni         the engine (one file per operation), the records in
+//!   cni         the engine (one file per operation; an ADD carried out as a
+//!               plan, locks taken and released by one bracket), the records in
 //!               stateDir, the plugin process runner (forking plugins, or
 //!               asking the plugin spawner to), default-route changes
 //!

@@ -418,7 +418,7 @@ keys! {
              start and at most `queueTimeout` (what a call accepts to wait for admission), then \
              fails with code 11 naming that error; after the start-up window it does not wait. \
              The wait comes after admission, so such an ADD holds its processing slot \
-             (`connectionLimit`) meanwhile. DEL, CHECK, STATUS and GC never need the caches";
+             (`connectionLimit`) meanwhile. DEL, CHECK and GC never need the caches; STATUS needs them only for a `defaultNetworks` entry named as a NetworkAttachmentDefinition (code 11 before they synced)";
         kubernetes_request_timeout: NonZeroDuration "kubernetesRequestTimeout",
             value(k8s::DEFAULT_REQUEST_TIMEOUT),
             "bound of one Kubernetes API request (and of connecting), and of one kubelet \

@@ -42,6 +42,7 @@ mod k8s_daemon;
 mod k8s_default_route;
 mod k8s_devices;
 mod k8s_dra;
+mod k8s_drain;
 mod k8s_large;
 mod k8s_networks;
 mod k8s_publish;

@@ -21,6 +21,9 @@ programs in the binDir directories of plexusd's configuration.
 Options:
   --config FILE   plexusd's configuration, for binDir (default /etc/plexus/daemon-config.json)
   --listen PATH   bind PATH (mode 0600) instead of taking a socket from systemd
+  --request-timeout DURATION
+                  how long a connection may take to send its request before it
+                  is dropped (default 10s)
   --version       print the version and exit
   --help          print this and exit
 ";
@@ -28,12 +31,14 @@ Options:
 struct Args {
     config: PathBuf,
     listen: Option<PathBuf>,
+    request_timeout: std::time::Duration,
 }
 
 fn parse() -> Result<Option<Args>, String> {
     let mut args = Args {
         config: PathBuf::from("/etc/plexus/daemon-config.json"),
         listen: None,
+        request_timeout: serve::DEFAULT_REQUEST_TIMEOUT,
     };
     let mut it = std::env::args_os().skip(1);
     while let Some(a) = it.next() {
@@ -51,6 +56,15 @@ fn parse() -> Result<Option<Args>, String> {
             }
             Some("--listen") => {
                 args.listen = Some(it.next().ok_or("--listen needs a path")?.into());
+            }
+            Some("--request-timeout") => {
+                let text = it.next().ok_or("--request-timeout needs a duration")?;
+                let text = text.to_str().ok_or("--request-timeout: not UTF-8")?;
+                args.request_timeout = match plexus::duration::parse(text) {
+                    Ok(d) if !d.is_zero() => d,
+                    Ok(_) => return Err("--request-timeout must be above 0".into()),
+                    Err(e) => return Err(format!("--request-timeout: {e}")),
+                };
             }
             _ => return Err(format!("unknown argument {a:?} (see --help)")),
         }
@@ -160,7 +174,10 @@ fn main() -> ExitCode {
             return ExitCode::from(78);
         }
     };
-    let bin_dirs = bin_dirs(args.config.clone());
+    let rules = serve::Rules {
+        bin_dirs: bin_dirs(args.config.clone()),
+        request_timeout: args.request_timeout,
+    };
     let (stop, stopper) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
         Ok(p) => p,
         Err(e) => {
@@ -174,7 +191,7 @@ fn main() -> ExitCode {
             drop(stopper);
         }
     });
-    match serve::serve(listener, bin_dirs, stop) {
+    match serve::serve(listener, rules, stop) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("plexus-spawner: {e}");

@@ -26,14 +26,27 @@ const THREAD_STACK: usize = 256 << 10;
 /// plexusd's restarts without restarting the spawner).
 pub type BinDirs = Arc<dyn Fn() -> Result<Vec<PathBuf>, String> + Send + Sync>;
 
+/// What a connection is held to.
+#[derive(Clone)]
+pub struct Rules {
+    /// Where plugins may come from.
+    pub bin_dirs: BinDirs,
+    /// How long a connection may take to send its request before it is
+    /// dropped ([`DEFAULT_REQUEST_TIMEOUT`] unless told otherwise).
+    pub request_timeout: std::time::Duration,
+}
+
+/// How long a connection may take to send its request, by default.
+pub const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Serves `listener` (a listening `SOCK_SEQPACKET` unix socket) until
 /// `stop` becomes readable (a byte or a close), then waits for the plugins
 /// of open connections to be reaped. The listener is only polled and
 /// accepted on, never shut down: systemd shares it and serves the next
 /// activation with it.
-pub fn serve(listener: OwnedFd, bin_dirs: BinDirs, stop: OwnedFd) -> io::Result<()> {
+pub fn serve(listener: OwnedFd, rules: Rules, stop: OwnedFd) -> io::Result<()> {
     let active = Arc::new((Mutex::new(0usize), Condvar::new()));
-    let mut workers = Workers::new(bin_dirs, active.clone());
+    let mut workers = Workers::new(rules, active.clone());
     loop {
         wait_below(&active, MAX_CONNECTIONS);
         if !wait_readable(listener.as_fd(), stop.as_fd())? {
@@ -70,7 +83,7 @@ struct Workers {
     /// Workers waiting for a connection that no handed connection has
     /// claimed yet.
     idle: Arc<AtomicUsize>,
-    bin_dirs: BinDirs,
+    rules: Rules,
     active: Arc<(Mutex<usize>, Condvar)>,
 }
 
@@ -78,13 +91,13 @@ struct Workers {
 const WORKER_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Workers {
-    fn new(bin_dirs: BinDirs, active: Arc<(Mutex<usize>, Condvar)>) -> Self {
+    fn new(rules: Rules, active: Arc<(Mutex<usize>, Condvar)>) -> Self {
         let (tx, rx) = mpsc::channel();
         Self {
             tx: Some(tx),
             rx: Arc::new(Mutex::new(rx)),
             idle: Arc::new(AtomicUsize::new(0)),
-            bin_dirs,
+            rules,
             active,
         }
     }
@@ -112,7 +125,7 @@ impl Workers {
 
     fn start(&self) -> io::Result<()> {
         let (rx, idle) = (self.rx.clone(), self.idle.clone());
-        let (dirs, active) = (self.bin_dirs.clone(), self.active.clone());
+        let (rules, active) = (self.rules.clone(), self.active.clone());
         std::thread::Builder::new()
             .name("plugin".into())
             .stack_size(THREAD_STACK)
@@ -125,7 +138,7 @@ impl Workers {
                     Ok(conn) => {
                         // Counted out however the connection ends.
                         let counted = Leave(active.clone());
-                        if let Err(e) = connection(conn.as_fd(), &dirs) {
+                        if let Err(e) = connection(conn.as_fd(), &rules) {
                             eprintln!("plexus-spawner: {e}");
                         }
                         drop(conn);
@@ -219,7 +232,7 @@ fn wait_below(active: &(Mutex<usize>, Condvar), limit: usize) {
 }
 
 /// One plugin run, from request to reap.
-fn connection(conn: BorrowedFd<'_>, bin_dirs: &BinDirs) -> io::Result<()> {
+fn connection(conn: BorrowedFd<'_>, rules: &Rules) -> io::Result<()> {
     let peer = socket::getsockopt(&conn, sockopt::PeerCredentials)?;
     // SAFETY: geteuid(2) cannot fail and touches no memory.
     let own = unsafe { libc::geteuid() };
@@ -234,12 +247,12 @@ fn connection(conn: BorrowedFd<'_>, bin_dirs: &BinDirs) -> io::Result<()> {
     }
     // A client sends its request at once: one that does not is dropped
     // rather than holding a thread.
-    set_receive_timeout(conn, Some(REQUEST_TIMEOUT))?;
+    set_receive_timeout(conn, Some(rules.request_timeout))?;
     let packet = recv(conn, 3).map_err(|e| match e.kind() {
         io::ErrorKind::WouldBlock => io::Error::other(format!(
-            "pid {} sent no request within {} s: dropped",
+            "pid {} sent no request within {:?}: dropped",
             peer.pid(),
-            REQUEST_TIMEOUT.as_secs()
+            rules.request_timeout
         )),
         _ => e,
     })?;
@@ -259,7 +272,7 @@ fn connection(conn: BorrowedFd<'_>, bin_dirs: &BinDirs) -> io::Result<()> {
         let _ = send(conn, &failed(why.clone(), None), &[]);
         return Err(io::Error::other(why));
     };
-    let checked = bin_dirs().and_then(|dirs| {
+    let checked = (rules.bin_dirs)().and_then(|dirs| {
         let program = allowed(Path::new(&req.program), &dirs)?;
         let env = plugin_env(&req, &dirs)?;
         Ok((program, env))
@@ -343,9 +356,6 @@ fn plugin_env(req: &Request, dirs: &[PathBuf]) -> Result<Vec<(String, String)>, 
     env.push(("CNI_PATH".to_string(), path.join(":")));
     Ok(env)
 }
-
-/// How long a connection may take to send its request.
-const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn set_receive_timeout(
     conn: BorrowedFd<'_>,

@@ -128,7 +128,7 @@ fn a_status_write_waiting_for_its_retry_should_land_before_plexusd_exits() {
 
 #[test]
 fn a_status_write_still_refused_should_be_handed_over_when_the_grace_period_ends() {
-    const GRACE: Duration = Duration::from_secs(2);
+    const GRACE: Duration = Duration::from_secs(1);
     let mut n = node("k8s-drain-left", &format!("{}s", GRACE.as_secs()));
     let netns = Netns::new();
     // Refused for good.

@@ -60,7 +60,7 @@ fn node(tag: &str) -> Node {
         kubeconfig: Some(kubeconfig),
         node_name: NODE.to_string(),
         sync_timeout: T,
-        request_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(1),
         devices: Default::default(),
         device_info_dir: engine.dir.join("devinfo"),
         // Only the status write is in the background.

@@ -5,8 +5,7 @@ use serde_json::{Map, Value};
 
 use super::chain::{convert_for, recorded_list, stdin_for};
 use super::fault::Step;
-use super::lock::{Loaded, Take};
-use super::multus::Multus;
+use super::lock::{Loaded, Multus, Take};
 use super::{Engine, Error, ErrorKind};
 use crate::api::{code, Command};
 use crate::cni::exec::CallEnv;

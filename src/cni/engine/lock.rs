@@ -20,14 +20,13 @@ use futures_util::FutureExt;
 use tokio::sync::{Notify, OwnedMutexGuard, RwLockReadGuard};
 
 use super::chain::recorded_types;
-use super::cleanup::Tracked;
 use super::fault::Step;
-use super::multus::Multus;
+use super::tracked::Tracked;
 use super::{blocking, check_netns_now, Engine, Error, ErrorKind, KillGroup};
 use crate::api::{code, Command};
 use crate::cni::backends::Records;
 use crate::cni::exec::{Gate, Plugin};
-use crate::cni::multus_cache::Caches;
+use crate::cni::multus_cache::{CachedDelegate, Caches};
 use crate::cni::state;
 use crate::cni::state::{Durability, Held, MarkerState, Markers, Record, Released};
 
@@ -169,6 +168,16 @@ pub(super) struct Loaded {
     /// For a DEL of a container without a record, what else decides what
     /// it does, read in the same trip (see [`Take::for_del`]).
     pub(super) unrecorded: Option<Unrecorded>,
+}
+
+/// What multus left for a container, as an operation under its lock sees it.
+pub(super) enum Multus {
+    /// No delegate cache.
+    Nothing,
+    /// The delegate cache was damaged and has just been moved aside.
+    SetAside,
+    /// The networks multus attached, in its order.
+    Delegates(Vec<CachedDelegate>),
 }
 
 /// A container without a record of its own: multus's delegate cache for

@@ -53,6 +53,7 @@ mod plan;
 mod recover;
 #[cfg(test)]
 mod tests;
+mod tracked;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -232,7 +233,7 @@ pub struct Engine {
     gc_released: tokio::sync::Notify,
     /// Containers with a pending cleanup, each with when its next retry
     /// is due (see [`Engine::retry_cleanups`]).
-    cleanups: Mutex<BTreeMap<String, cleanup::Tracked>>,
+    cleanups: Mutex<BTreeMap<String, tracked::Tracked>>,
     metrics: Option<Arc<Metrics>>,
     /// Steps a unit test made fail (see [`fault`]).
     #[cfg(test)]

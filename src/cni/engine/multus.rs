@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::fault::Step;
-use super::lock::Take;
+use super::lock::{Multus, Take};
 use super::{blocking, Engine, ErrorKind};
 use crate::api::{code, Command};
 use crate::cni::exec::CallEnv;
@@ -22,16 +22,6 @@ use crate::netconf::Invocation;
 /// than `cniDir` (a rename cannot cross it): `<cniDir>/.plexus-damaged/<id>/`.
 /// Its name starts with a dot, so it is no container's delegate cache.
 const DAMAGED_HERE: &str = ".plexus-damaged";
-
-/// What multus left for a container, as an operation under its lock sees it.
-pub(super) enum Multus {
-    /// No delegate cache.
-    Nothing,
-    /// The delegate cache was damaged and has just been moved aside.
-    SetAside,
-    /// The networks multus attached, in its order.
-    Delegates(Vec<CachedDelegate>),
-}
 
 /// Moves the damaged cache `e` names aside, next to the container's damaged
 /// records (`<stateDir>/attachments/damaged/<id>/<unix time>.multus-<file>`),

@@ -339,7 +339,8 @@ impl CniHandler {
     }
 
     /// DEL of the attachment the call names, from its record; the networks
-    /// it removes are noted for the call's log line, as recorded before.
+    /// it removed are noted for the call's log line, as they were recorded
+    /// when the DEL found them.
     async fn del(
         &self,
         cfg: &selection::Config,
@@ -347,16 +348,17 @@ impl CniHandler {
         config: &Map<String, Value>,
         requested: &[selection::Element],
     ) -> Result<Reply, Failure> {
-        if let Ok(Some(shown)) = self.engine.attachments(&inv.container_id).await {
-            call_log::note_removed(&shown, &inv.ifname);
-        }
         // Called only when the container's record was damaged: the
         // networks a runtime without records would DEL.
         let configured = || self.plan(cfg, &inv.ifname, requested, config);
-        self.engine
-            .del(inv, capability_args(config), configured)
+        let shown = self
+            .engine
+            .del_shown(inv, capability_args(config), configured)
             .await
             .map_err(failure)?;
+        if let Some(shown) = shown {
+            call_log::note_removed(&shown, &inv.ifname);
+        }
         Ok(Reply::Done)
     }
 }

@@ -99,6 +99,23 @@ impl Engine {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
     {
+        self.del_shown(inv, cap_args, fallback).await.map(|_| ())
+    }
+
+    /// [`Engine::del`], answering with the container's record as it was
+    /// found under the lock, before the DEL ([`crate::cni::show::summary`]):
+    /// what the DEL removed, for the call's log line; `None` when nothing
+    /// of plexusd's was recorded (a container multus attached, or none).
+    pub async fn del_shown<F, Fut>(
+        &self,
+        inv: &Invocation,
+        cap_args: Map<String, Value>,
+        fallback: F,
+    ) -> Result<Option<Value>, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Vec<Planned>, Error>>,
+    {
         let take = Take::call(Command::Del, &inv.netns).for_del();
         self.locked_with_last_write(
             &inv.container_id,
@@ -112,7 +129,7 @@ impl Engine {
             // one).
             |failed| async move {
                 match failed.answer {
-                    Ok(()) => Err(failed.error),
+                    Ok(_) => Err(failed.error),
                     Err(first) => {
                         tracing::warn!(container_id = %inv.container_id, cause = %failed.error, "cannot write what is left of the record after a failed DEL; the record stays as it was");
                         Err(first)
@@ -131,7 +148,7 @@ impl Engine {
         cap_args: Map<String, Value>,
         fallback: F,
         loaded: Loaded,
-    ) -> Result<Last<()>, Error>
+    ) -> Result<Last<Option<Value>>, Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
@@ -145,6 +162,7 @@ impl Engine {
             .record
             .unwrap_or_else(|| Record::new(&inv.container_id));
         let hot_plugged = record.hot_plugged(&inv.ifname);
+        let shown = (!record.attachments.is_empty()).then(|| crate::cni::show::summary(&record));
         if record.attachment(&inv.ifname).is_none() && hot_plugged.is_empty() {
             let unrecorded = match loaded.unrecorded {
                 Some(u) => u,
@@ -155,7 +173,7 @@ impl Engine {
                 .del_unrecorded(inv, &cap_args, unrecorded.multus, lost)
                 .await
             {
-                NotRecorded::Done(out) => return out.map(Last::Answer),
+                NotRecorded::Done(out) => return out.map(|()| Last::Answer(None)),
                 NotRecorded::FallBack => {
                     let planned = fallback().await?;
                     record
@@ -177,7 +195,7 @@ impl Engine {
         }
         Ok(Last::Save {
             record,
-            answer: out,
+            answer: out.map(|()| shown),
             track: true,
         })
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::cni::{bridge, cni, conflist, ok, Call, Engine};
+use crate::support::cni::{cni, ok, Call, Engine};
 use crate::support::daemon::{wait_until, Daemon, PLEXUSD};
 use crate::support::http;
 use crate::support::kube::{pod_args, FakeApi, NODE};
@@ -19,17 +19,7 @@ const T: Duration = Duration::from_secs(20);
 /// An engine with one bridge network as clusterNetwork and a daemon
 /// config pointing at `api`.
 fn setup(tag: &str, api: &FakeApi, sync_timeout: &str) -> (Engine, Value, Link, Subnet) {
-    let engine = Engine::new(tag);
-    let link = Link::planned("b");
-    let subnet = Subnet::new();
-    engine.write_network(
-        "10-cluster.conflist",
-        &conflist(
-            "cluster",
-            "1.0.0",
-            vec![bridge(&link.name, engine.host_local(&subnet))],
-        ),
-    );
+    let (engine, link, subnet) = Engine::with_cluster_bridge(tag);
     let mut config = engine.config("cluster", "20s");
     api.configure(&engine.dir, &mut config, "2s");
     config["kubernetesSyncTimeout"] = json!(sync_timeout);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::support::cni::{address, bare, bridge, conflist, ok, Call, Engine};
+use crate::support::cni::{address, bare, ok, Call, Engine};
 use crate::support::daemon::Daemon;
 use crate::support::kube::{pod_args, FakeApi, NODE};
 use crate::support::netns::{Link, Netns, Subnet};
@@ -39,17 +39,7 @@ struct Node {
 }
 
 fn node(tag: &str, shutdown_timeout: &str) -> Node {
-    let engine = Engine::new(tag);
-    let link = Link::planned("b");
-    let subnet = Subnet::new();
-    engine.write_network(
-        "10-cluster.conflist",
-        &conflist(
-            "cluster",
-            "1.0.0",
-            vec![bridge(&link.name, engine.host_local(&subnet))],
-        ),
-    );
+    let (engine, link, subnet) = Engine::with_cluster_bridge(tag);
     let api = FakeApi::start();
     api.put_pod("ns1", "p", "uid-p", NODE, json!({}));
     let mut config = engine.config("cluster", "20s");

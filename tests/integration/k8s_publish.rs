@@ -16,7 +16,7 @@ use plexus::selection::{self, overlay::Overlay};
 use plexus::server::{Handler, Reply};
 use serde_json::json;
 
-use crate::support::cni::{bridge, call_env, conflist, Engine, SYSTEM_PLUGINS};
+use crate::support::cni::{call_env, Engine, SYSTEM_PLUGINS};
 use crate::support::kube::{pod_args, FakeApi, NODE};
 use crate::support::netns::{Link, Netns, Subnet};
 
@@ -36,17 +36,7 @@ struct Node {
 }
 
 fn node(tag: &str) -> Node {
-    let engine = Engine::new(tag);
-    let link = Link::planned("b");
-    let subnet = Subnet::new();
-    engine.write_network(
-        "10-cluster.conflist",
-        &conflist(
-            "cluster",
-            "1.0.0",
-            vec![bridge(&link.name, engine.host_local(&subnet))],
-        ),
-    );
+    let (engine, link, subnet) = Engine::with_cluster_bridge(tag);
     let api = FakeApi::start();
     api.put_pod("ns1", "p", "uid-p", NODE, json!({}));
     let kubeconfig = engine.dir.join("kubeconfig");

@@ -52,6 +52,24 @@ impl Engine {
         e
     }
 
+    /// [`Engine::new`] with one network, `cluster`: Debian's bridge on a
+    /// bridge of its own, host-local on a subnet of its own. The bridge is
+    /// removed when the returned [`Link`] is dropped.
+    pub fn with_cluster_bridge(name: &str) -> (Self, super::netns::Link, Subnet) {
+        let e = Engine::new(name);
+        let link = super::netns::Link::planned("b");
+        let subnet = Subnet::new();
+        e.write_network(
+            "10-cluster.conflist",
+            &conflist(
+                "cluster",
+                "1.0.0",
+                vec![bridge(&link.name, e.host_local(&subnet))],
+            ),
+        );
+        (e, link, subnet)
+    }
+
     /// The daemon config of the engine contract.
     pub fn config(&self, cluster_network: &str, plugin_timeout: &str) -> Value {
         json!({

@@ -37,6 +37,7 @@ pub mod events;
 mod nad;
 mod pod;
 pub mod publish;
+pub mod refusal;
 mod slim;
 pub mod status;
 

@@ -47,12 +47,16 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
+mod authn;
+mod authz;
 mod bulk;
 mod dra;
 mod requests;
 mod wire;
 
 use bulk::Bulk;
+#[allow(unused_imports)] // used by the tests of credentials and identities
+pub use authn::Identity;
 pub use bulk::{BulkConfigs, BulkSpec};
 pub use dra::SliceDevice;
 
@@ -241,9 +245,10 @@ struct State {
     /// How long each list (a GET of a collection, not a watch) is held
     /// back before it is answered.
     list_delay: Duration,
-    /// Some(token): requests without `Authorization: Bearer <token>` get
-    /// 401 Unauthorized.
-    required_token: Option<String>,
+    /// Who is calling (401 Unauthorized when nobody).
+    authn: authn::Authn,
+    /// What each caller may do (403 Forbidden otherwise).
+    authz: authz::Authz,
     /// Objects made up on demand, under those in `objects`.
     bulk: Option<Bulk>,
     /// Made-up objects changed or deleted since: `objects` holds what is
@@ -538,7 +543,7 @@ impl FakeApi {
     /// From now on only `token` is accepted: a client with another one
     /// gets 401 Unauthorized.
     pub fn require_token(&self, token: &str) {
-        self.lock().required_token = Some(token.to_string());
+        self.lock().authn.required_token = Some(token.to_string());
     }
 
     /// Sends a BOOKMARK on every open watch.
@@ -739,7 +744,7 @@ async fn serve(
                 let mut down = up.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
-                        handle(req, state.clone(), stalled.clone())
+                        handle(req, state.clone(), stalled.clone(), None)
                     });
                     let conn = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), service);

@@ -17,15 +17,17 @@ use super::wire::{
     parse_continue, query_param, reason_for, reply, reply_text, route, selected, selected_by,
     status_object, stream_reply, Reply, Target,
 };
+use super::authn::Identity;
 use super::{kind_of, Counters, Event, Logged, State, TrafficCounters, WatchMsg, PODS};
 
 pub(super) async fn handle(
     req: Request<Incoming>,
     state: Arc<Mutex<State>>,
     stalled: watch::Receiver<bool>,
+    peer: Option<Arc<Identity>>,
 ) -> Result<Reply, Infallible> {
     let mut logged_at = None;
-    let answer = answer(req, &state, stalled, &mut logged_at).await;
+    let answer = answer(req, &state, stalled, peer.as_deref(), &mut logged_at).await;
     if let Some(i) = logged_at {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = s.log.get_mut(i) {
@@ -41,6 +43,7 @@ async fn answer(
     req: Request<Incoming>,
     state: &Mutex<State>,
     mut stalled: watch::Receiver<bool>,
+    peer: Option<&Identity>,
     logged_at: &mut Option<usize>,
 ) -> Result<Reply, Infallible> {
     let method = req.method().clone();
@@ -72,18 +75,21 @@ async fn answer(
     let is_watch = logged.is_watch();
     let is_list =
         method == Method::GET && !is_watch && route(&path).is_some_and(|t| t.name.is_none());
-    let (injected, list_delay, authorized) = {
+    let (injected, list_delay, access) = {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         s.log.push(logged);
         *logged_at = Some(s.log.len() - 1);
-        let authorized = s
-            .required_token
-            .as_ref()
-            .is_none_or(|t| authorization.as_deref() == Some(format!("Bearer {t}").as_str()));
-        (s.injected(&path), s.list_delay, authorized)
+        let access = match s.authn.authenticate(peer, authorization.as_deref()) {
+            Err(()) => Err(error(401, "Unauthorized", "Unauthorized")),
+            Ok(identity) => s
+                .authz
+                .authorize(identity.as_ref(), method.as_str(), &path, &query)
+                .map_err(|message| error(403, "Forbidden", &message)),
+        };
+        (s.injected(&path), s.list_delay, access)
     };
-    if !authorized {
-        return Ok(error(401, "Unauthorized", "Unauthorized"));
+    if let Err(refused) = access {
+        return Ok(refused);
     }
     if is_list && !list_delay.is_zero() {
         tokio::time::sleep(list_delay).await;

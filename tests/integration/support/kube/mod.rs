@@ -54,9 +54,9 @@ mod dra;
 mod requests;
 mod wire;
 
-use bulk::Bulk;
 #[allow(unused_imports)] // used by the tests of credentials and identities
 pub use authn::Identity;
+use bulk::Bulk;
 pub use bulk::{BulkConfigs, BulkSpec};
 pub use dra::SliceDevice;
 

@@ -12,12 +12,12 @@ use hyper::{Method, Request};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
+use super::authn::Identity;
 use super::wire::{
     as_metadata, continue_token, decode, error, events_namespace, merge_patch, metadata_only,
     parse_continue, query_param, reason_for, reply, reply_text, route, selected, selected_by,
     status_object, stream_reply, Reply, Target,
 };
-use super::authn::Identity;
 use super::{kind_of, Counters, Event, Logged, State, TrafficCounters, WatchMsg, PODS};
 
 pub(super) async fn handle(

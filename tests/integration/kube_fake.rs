@@ -449,3 +449,24 @@ fn lists_should_page_with_limit_and_continue_over_made_up_and_stored_objects() {
     };
     assert_eq!(config("ns-0"), config("ns-2"));
 }
+
+#[test]
+fn accepted_tokens_should_authenticate_and_revoked_ones_get_401() {
+    let api = FakeApi::start();
+    let node = crate::support::kube::Identity {
+        user: "system:node:node-1".into(),
+        groups: vec!["system:nodes".into(), "system:authenticated".into()],
+    };
+    api.accept_token("t-1", node);
+    let url = format!("{}/api/v1/pods", api.url());
+    let (status, _) = curl(&["-H", "Authorization: Bearer t-1", &url]);
+    assert_eq!(status, 200);
+    let (status, body) = curl(&["-H", "Authorization: Bearer t-2", &url]);
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (401, Some("Unauthorized"))
+    );
+    api.revoke_token("t-1");
+    let (status, _) = curl(&["-H", "Authorization: Bearer t-1", &url]);
+    assert_eq!(status, 401);
+}

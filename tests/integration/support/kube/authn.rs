@@ -16,6 +16,9 @@ pub(super) struct Authn {
     /// Some(token): requests without `Authorization: Bearer <token>` get
     /// 401 Unauthorized.
     pub(super) required_token: Option<String>,
+    /// Bearer tokens and whom they stand for. When there are any, a
+    /// request must carry one of them or a known client certificate.
+    pub(super) tokens: std::collections::BTreeMap<String, Identity>,
 }
 
 impl Authn {
@@ -33,6 +36,13 @@ impl Authn {
                 return Err(());
             }
         }
-        Ok(peer.cloned())
+        if self.tokens.is_empty() {
+            return Ok(peer.cloned());
+        }
+        let bearer = authorization.and_then(|a| a.strip_prefix("Bearer "));
+        match bearer.and_then(|t| self.tokens.get(t)) {
+            Some(identity) => Ok(Some(identity.clone())),
+            None => peer.cloned().map(Some).ok_or(()),
+        }
     }
 }

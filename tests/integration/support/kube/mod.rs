@@ -54,7 +54,6 @@ mod dra;
 mod requests;
 mod wire;
 
-#[allow(unused_imports)] // used by the tests of credentials and identities
 pub use authn::Identity;
 use bulk::Bulk;
 pub use bulk::{BulkConfigs, BulkSpec};
@@ -544,6 +543,18 @@ impl FakeApi {
     /// gets 401 Unauthorized.
     pub fn require_token(&self, token: &str) {
         self.lock().authn.required_token = Some(token.to_string());
+    }
+
+    /// From now on bearer `token` stands for `identity` (the API server's
+    /// token authenticator); once any token is accepted, a request with
+    /// an unknown token and no known client certificate gets 401.
+    pub fn accept_token(&self, token: &str, identity: Identity) {
+        self.lock().authn.tokens.insert(token.to_string(), identity);
+    }
+
+    /// `token` is refused (401) from now on, as after its expiry.
+    pub fn revoke_token(&self, token: &str) {
+        self.lock().authn.tokens.remove(token);
     }
 
     /// Sends a BOOKMARK on every open watch.

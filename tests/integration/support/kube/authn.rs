@@ -19,6 +19,9 @@ pub(super) struct Authn {
     /// Bearer tokens and whom they stand for. When there are any, a
     /// request must carry one of them or a known client certificate.
     pub(super) tokens: std::collections::BTreeMap<String, Identity>,
+    /// Set once a token was accepted: from then on, callers must be
+    /// known (even when every token has been revoked since).
+    pub(super) identify: bool,
 }
 
 impl Authn {
@@ -36,7 +39,7 @@ impl Authn {
                 return Err(());
             }
         }
-        if self.tokens.is_empty() {
+        if !self.identify {
             return Ok(peer.cloned());
         }
         let bearer = authorization.and_then(|a| a.strip_prefix("Bearer "));

@@ -549,7 +549,9 @@ impl FakeApi {
     /// token authenticator); once any token is accepted, a request with
     /// an unknown token and no known client certificate gets 401.
     pub fn accept_token(&self, token: &str, identity: Identity) {
-        self.lock().authn.tokens.insert(token.to_string(), identity);
+        let mut s = self.lock();
+        s.authn.identify = true;
+        s.authn.tokens.insert(token.to_string(), identity);
     }
 
     /// `token` is refused (401) from now on, as after its expiry.

@@ -244,7 +244,17 @@ impl CniHandler {
                 for list in self.configured_lists(&cfg).await {
                     lists.push(list.map_err(failure)?);
                 }
-                self.engine.gc(&valid, &lists).await.map_err(failure)?;
+                // For every container the runtime still has, the plugins
+                // keep what a DEL without a record would free, even when
+                // its record cannot be read.
+                let (cfg, requested, config) = (&*cfg, &requested[..], &config);
+                let fallback = move |ifname: String| async move {
+                    self.del_fallback(cfg, &ifname, requested, config).await
+                };
+                self.engine
+                    .gc_with(&valid, &lists, fallback)
+                    .await
+                    .map_err(failure)?;
                 Ok(Reply::Done)
             }
             // Refused by Invocation::from_env already; the plugin answers it.
@@ -348,9 +358,8 @@ impl CniHandler {
         config: &Map<String, Value>,
         requested: &[selection::Element],
     ) -> Result<Reply, Failure> {
-        // Called only when the container's record was damaged: the
-        // networks a runtime without records would DEL.
-        let configured = || self.plan(cfg, &inv.ifname, requested, config);
+        // Called only when the container's record was damaged.
+        let configured = || self.del_fallback(cfg, &inv.ifname, requested, config);
         let shown = self
             .engine
             .del_shown(inv, capability_args(config), configured)
@@ -360,6 +369,21 @@ impl CniHandler {
             call_log::note_removed(&shown, &inv.ifname);
         }
         Ok(Reply::Done)
+    }
+
+    /// The networks a DEL of `ifname` runs when the container's record was
+    /// damaged: those a runtime without records would DEL, the configured
+    /// ones. GC lists their interfaces as valid for every container the
+    /// runtime still has, so that the plugins' GC keeps what this DEL
+    /// would free.
+    async fn del_fallback(
+        &self,
+        cfg: &selection::Config,
+        ifname: &str,
+        requested: &[selection::Element],
+        config: &Map<String, Value>,
+    ) -> Result<Vec<cni::Planned>, cni::Error> {
+        self.plan(cfg, ifname, requested, config).await
     }
 }
 

@@ -33,6 +33,7 @@ mod del_policy;
 mod delegate;
 mod fairness;
 mod full_disk;
+mod gc_safety;
 mod generate_config;
 mod host_safety;
 mod hostile_env;

@@ -1,13 +1,20 @@
 //! GC (1.1.0+): stale attachments DELed one container at a time, then the
 //! plugins' own GC, the only phase that excludes every other call.
+//!
+//! A plugin told to GC frees whatever its valid list does not name (an
+//! IPAM plugin gives the addresses back), so that list errs on the side of
+//! keeping: for every container the runtime still has, it also names the
+//! interfaces a DEL without a record would use, whether or not that
+//! container's record can be read (see [`valid_attachments`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 
 use serde_json::{json, Value};
 
 use super::chain::stdin_object;
 use super::lock::{Loaded, Take};
-use super::{blocking, Engine, Error, ErrorKind};
+use super::{blocking, Engine, Error, ErrorKind, Planned};
 use crate::api::{code, Command};
 use crate::cni::exec::{CallEnv, Plugin};
 use crate::cni::multus_cache::CachedResult;
@@ -20,17 +27,38 @@ fn is_valid(id: &str, att: &Attachment, valid: &BTreeSet<(String, String)>) -> b
 }
 
 impl Engine {
-    /// GC: DELs every recorded attachment whose (container id, ifname) is
-    /// not in `valid`, then sends GC to the plugins of `lists` that speak
-    /// 1.1.0 with the attachments still recorded. Errors are collected.
-    ///
-    /// The sweep locks one container at a time, only while its stale
-    /// attachments are deleted: calls for other containers go on meanwhile.
+    /// [`Engine::gc_with`] with no configured networks to fall back to:
+    /// the plugins' valid lists name only what records and multus's
+    /// caches name.
     pub async fn gc(
         &self,
         valid: &BTreeSet<(String, String)>,
         lists: &[NetworkList],
     ) -> Result<(), Error> {
+        let none = |_: String| async { Ok::<_, Error>(Vec::new()) };
+        self.gc_with(valid, lists, none).await
+    }
+
+    /// GC: DELs every recorded attachment whose (container id, ifname) is
+    /// not in `valid`, then sends GC to the plugins of `lists` that speak
+    /// 1.1.0 with the attachments still recorded and, for every container
+    /// `valid` names, the interfaces of the networks `fallback` plans for
+    /// each of its listed interfaces: what a DEL without a record runs
+    /// (see [`Engine::del`]), asked once per interface name, and only when
+    /// some plugin is to get GC. Errors are collected.
+    ///
+    /// The sweep locks one container at a time, only while its stale
+    /// attachments are deleted: calls for other containers go on meanwhile.
+    pub async fn gc_with<F, Fut>(
+        &self,
+        valid: &BTreeSet<(String, String)>,
+        lists: &[NetworkList],
+        fallback: F,
+    ) -> Result<(), Error>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = Result<Vec<Planned>, Error>>,
+    {
         let store = self.store.clone();
         let ids = blocking(move || store.list())
             .await?
@@ -66,7 +94,11 @@ impl Engine {
         // The containers multus attached, the same way.
         let mut multus_failed = BTreeSet::new();
         errors.extend(self.gc_multus(valid, &mut multus_failed).await);
-        errors.extend(self.gc_plugins(lists, &failed, &multus_failed).await);
+        let kept = Kept {
+            failed: &failed,
+            multus_failed: &multus_failed,
+        };
+        errors.extend(self.gc_plugins(lists, valid, &fallback, kept).await);
         Error::all_ok(Command::Gc, || "stale attachments".into(), errors)
     }
 
@@ -144,21 +176,44 @@ impl Engine {
     }
 
     /// The last phase of GC: sends GC to every plugin of `lists` that
-    /// speaks 1.1.0, with every recorded attachment but the `failed` stale
-    /// ones as the valid attachments, and every attachment in multus's
-    /// result cache but those of the `multus_failed` containers.
-    async fn gc_plugins(
+    /// speaks 1.1.0, with the valid attachments [`valid_attachments`]
+    /// lists for its network (`live` from the runtime's `valid` and
+    /// `fallback`, see [`Engine::gc_with`]).
+    async fn gc_plugins<F, Fut>(
         &self,
         lists: &[NetworkList],
-        failed: &BTreeSet<(String, String)>,
-        multus_failed: &BTreeSet<String>,
-    ) -> Vec<Error> {
+        valid: &BTreeSet<(String, String)>,
+        fallback: &F,
+        kept: Kept<'_>,
+    ) -> Vec<Error>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = Result<Vec<Planned>, Error>>,
+    {
         // Worked out before the exclusive lock: VERSION runs may be slow,
         // and with no plugin to run, nothing is locked at all.
         let (work, mut errors) = self.gc_work(lists).await;
         if work.is_empty() {
             return errors;
         }
+        // Before the lock too: planning may load network configs. Without
+        // it, a live container whose record is damaged would lose its
+        // addresses: no GC rather than that one.
+        let live = match live_attachments(valid, fallback).await {
+            Ok(live) => live,
+            Err(e) => {
+                errors.push(Error::new(
+                    e.kind,
+                    e.code,
+                    format!(
+                        "GC: the plugins' GC did not run: the networks a DEL without a record \
+                         would run cannot be planned: {}",
+                        e.msg
+                    ),
+                ));
+                return errors;
+            }
+        };
         // Exclusive, and only around this phase. A plugin told to GC frees
         // whatever is missing from the valid list, so the list must hold
         // every attachment whose ADD has started: otherwise an ADD running
@@ -197,14 +252,14 @@ impl Engine {
             command: Command::Gc.as_str(),
             ..CallEnv::default()
         };
+        let none = BTreeSet::new();
         for (list, plugins) in work {
-            let valid = Value::Array(valid_attachments(
-                list,
-                &records,
-                failed,
-                &multus_cached,
-                multus_failed,
-            ));
+            let listed = Listed {
+                records: &records,
+                multus_cached: &multus_cached,
+                live: live.get(&list.name).unwrap_or(&none),
+            };
+            let valid = Value::Array(valid_attachments(list, &listed, kept));
             for (i, plugin, version) in plugins {
                 let mut stdin = stdin_object(list, i, &version);
                 stdin.insert("cni.dev/valid-attachments".into(), valid.clone());
@@ -276,29 +331,97 @@ impl Engine {
 /// [`Engine::gc_work`]).
 type GcWork<'l> = (&'l NetworkList, Vec<(usize, Plugin, String)>);
 
-/// The valid attachments of network `list` for its plugins' GC: every
-/// attachment of `records` with a network of that name, but the stale
-/// ones whose DEL `failed`, and every one multus cached for it, but those
-/// of the `multus_failed` containers. Always a list, empty when there is
-/// none (the CNI spec's `cni.dev/valid-attachments` is an array).
-fn valid_attachments(
-    list: &NetworkList,
-    records: &[Record],
-    failed: &BTreeSet<(String, String)>,
-    multus_cached: &[CachedResult],
-    multus_failed: &BTreeSet<String>,
-) -> Vec<Value> {
-    let recorded = records.iter().flat_map(|r| {
+/// What GC keeps out of the plugins' valid lists: the stale attachments
+/// whose DEL `failed` and the multus containers whose DEL failed
+/// (`multus_failed`), which the plugins' GC may free instead.
+#[derive(Clone, Copy)]
+struct Kept<'a> {
+    failed: &'a BTreeSet<(String, String)>,
+    multus_failed: &'a BTreeSet<String>,
+}
+
+/// What the plugins' valid lists are made of (see [`valid_attachments`]).
+struct Listed<'a> {
+    /// Every record that could be read.
+    records: &'a [Record],
+    /// Every attachment in multus's result cache.
+    multus_cached: &'a [CachedResult],
+    /// The (container id, ifname) of the network's interfaces a DEL
+    /// without a record would use, for every container the runtime has.
+    live: &'a BTreeSet<(String, String)>,
+}
+
+/// By network name, the (container id, ifname) a DEL without a record
+/// would use for each container of the runtime's `valid` list: the
+/// networks `fallback` plans for each listed interface name (asked once
+/// per name: they depend on the name alone).
+async fn live_attachments<F, Fut>(
+    valid: &BTreeSet<(String, String)>,
+    fallback: &F,
+) -> Result<BTreeMap<String, BTreeSet<(String, String)>>, Error>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Result<Vec<Planned>, Error>>,
+{
+    let mut by_ifname: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (id, ifname) in valid {
+        by_ifname.entry(ifname).or_default().push(id);
+    }
+    let mut live: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
+    for (ifname, ids) in by_ifname {
+        for p in fallback(ifname.to_string()).await? {
+            let set = live.entry(p.list.name).or_default();
+            set.extend(ids.iter().map(|id| (id.to_string(), p.ifname.clone())));
+        }
+    }
+    Ok(live)
+}
+
+/// The valid attachments of network `list` for its plugins' GC, each once:
+/// every attachment of the readable records with a network of that name,
+/// but the stale ones whose DEL failed; every one multus cached for it,
+/// but those of the containers whose DEL failed; and every one `live`
+/// names. Always a list, empty when there is none (the CNI spec's
+/// `cni.dev/valid-attachments` is an array).
+///
+/// `live` is what keeps a running container's addresses when its record
+/// cannot be read (a crash or a disk fault damaged it, now or before, and
+/// it was moved aside): its interfaces are the ones a DEL without a
+/// record would use, which is also where that DEL frees them later. They
+/// are listed even when a stale attachment of the same name failed its
+/// DEL: the runtime still has the container, and freeing an address in
+/// use hands it to the next pod. Listing more than a container holds
+/// costs nothing, since a plugin keeps only what it has; listing a live
+/// container's interface it does not hold keeps nothing of another's.
+///
+/// A damaged record of a stale container (one the runtime no longer
+/// lists) names nothing that could be listed, and nothing should be: the
+/// runtime no longer has the container, so whatever its plugins still
+/// hold for it is a leak the plugins' GC is right to free.
+fn valid_attachments(list: &NetworkList, listed: &Listed<'_>, kept: Kept<'_>) -> Vec<Value> {
+    let recorded = listed.records.iter().flat_map(|r| {
         r.attachments
             .iter()
-            .filter(|a| !failed.contains(&(r.container_id.clone(), a.ifname.clone())))
+            .filter(|a| {
+                !kept
+                    .failed
+                    .contains(&(r.container_id.clone(), a.ifname.clone()))
+            })
             .flat_map(|a| a.delegates.iter())
             .filter(|d| d.name == list.name)
-            .map(|d| json!({"containerID": r.container_id, "ifname": d.ifname}))
+            .map(|d| (r.container_id.as_str(), d.ifname.as_str()))
     });
-    let cached = multus_cached
+    let cached = listed
+        .multus_cached
         .iter()
-        .filter(|c| c.network == list.name && !multus_failed.contains(&c.container_id))
-        .map(|c| json!({"containerID": c.container_id, "ifname": c.ifname}));
-    recorded.chain(cached).collect()
+        .filter(|c| c.network == list.name && !kept.multus_failed.contains(&c.container_id))
+        .map(|c| (c.container_id.as_str(), c.ifname.as_str()));
+    let live = listed.live.iter().map(|(c, i)| (c.as_str(), i.as_str()));
+    let mut seen = BTreeSet::new();
+    recorded
+        .chain(cached)
+        .chain(live)
+        .filter(|pair| seen.insert(*pair))
+        .map(|(id, ifname)| json!({"containerID": id, "ifname": ifname}))
+        .collect()
 }

@@ -453,6 +453,7 @@ fn list_dir_names(dir: &Path) -> Vec<String> {
 mod concurrency;
 mod del_check_gc;
 mod faults;
+mod gc_live;
 mod multus;
 mod records;
 mod rollback;

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::{activation, api, cni, k8s, limit, logging, readiness_file, selection, server, trust};
+use crate::{
+    activation, api, cni, k8s, limit, logging, readiness_file, reconcile, selection, server, trust,
+};
 
 mod fields;
 mod keys;
@@ -121,6 +123,8 @@ pub struct Config {
     /// The Kubernetes source's settings; whether there is a source at all
     /// is [`k8s::Config::enabled`].
     pub kubernetes: k8s::Config,
+    /// Reconciling the records with the runtime's sandboxes.
+    pub reconcile: reconcile::Config,
     /// Keys that are neither Plexus nor multus keys (probably typos).
     pub unknown_keys: Vec<String>,
 }
@@ -171,6 +175,7 @@ impl Config {
             selection: raw.selection(&obj),
             readiness_file: raw.readiness_file(),
             kubernetes: raw.kubernetes(),
+            reconcile: raw.reconcile(),
             unknown_keys: obj.keys().filter(|k| key(k).is_none()).cloned().collect(),
         })
     }
@@ -316,6 +321,21 @@ impl Raw {
             },
             device_info_dir: self.device_info_dir.clone(),
             pod_events: self.pod_events,
+        }
+    }
+}
+
+impl Raw {
+    fn reconcile(&self) -> reconcile::Config {
+        reconcile::Config {
+            socket: match &self.cri_socket {
+                None => reconcile::Socket::Detect,
+                Some(None) => reconcile::Socket::Off,
+                Some(Some(p)) => reconcile::Socket::At(p.clone()),
+            },
+            enabled: self.reconcile,
+            grace: self.reconcile_grace,
+            interval: self.reconcile_interval,
         }
     }
 }

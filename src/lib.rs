@@ -40,6 +40,7 @@
 //!   api         wire types, command names, CNI error codes (shared with the shim)
 //!   memory      the allocator's free memory given back after bursts and lists
 //!   json        a JSON value's kind, for messages
+//!   cri         the runtime's CRI: its pod sandboxes, when it started
 //!   causes      an error's text with every cause under it
 //!   duration    "10s"-style durations
 //!
@@ -51,6 +52,8 @@
 //!   logging     log level, file and stderr
 //!   notify      sd_notify READY / STATUS / STOPPING / WATCHDOG
 //!   readiness_file  the file that says plexusd is ready, for runtimes that look
+//!   reconcile   the records against the runtime's sandboxes: the networks of
+//!               pods the runtime forgot are deleted (through the engine)
 //!   metrics     Prometheus registry and typed handles
 //!   trust       paths the daemon writes must be out of other users' reach
 //!   spawner     the plugin spawner (`plexus-spawner`): its protocol and its
@@ -62,7 +65,8 @@
 //! `tests/integration/architecture.rs` checks):
 //!
 //! - Leaves: `api`, `causes`, `device_info`, `duration`, `json`, `logging`, `memory`,
-//!   `metrics`, `names`, `notify`, `spawner` and `trust` use no other module; `result`
+//!   `metrics`, `names`, `notify`, `spawner` and `trust` use no other module; `cri`
+//!   uses `duration`; `result`
 //!   uses `api`; `netconf` uses `api`, `names` and `result`;
 //!   `readiness_file` uses `duration`.
 //! - Along the path, a module uses only modules after it and the leaves.
@@ -79,6 +83,8 @@
 //!   and the leaves, and `readiness_file`.
 //! - `activation` uses `api` and `trust`; `autoconf` (the `generate-config`
 //!   command) uses `result` and `trust`; the daemon never calls it.
+//! - `reconcile` uses `cni` (the engine, the records read-only), `cri`,
+//!   `netconf`, `causes` and `duration`; only `daemon` starts it.
 //! - `config` builds each module's settings from the file: it uses the
 //!   modules whose `Config` it fills and no lifecycle module (`daemon`,
 //!   `handler`, `notify`); `cli` uses only `config`.
@@ -95,6 +101,7 @@ pub mod causes;
 pub mod cli;
 pub mod cni;
 pub mod config;
+pub mod cri;
 pub mod daemon;
 pub mod device_info;
 pub mod duration;
@@ -109,6 +116,7 @@ pub mod names;
 pub mod netconf;
 pub mod notify;
 pub mod readiness_file;
+pub mod reconcile;
 pub mod result;
 pub mod selection;
 pub mod server;

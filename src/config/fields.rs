@@ -82,6 +82,15 @@ impl<'a> Fields<'a> {
         self.string(key).filter(|s| !s.is_empty())
     }
 
+    /// A path, or `""` for none (`Some(None)`).
+    fn optional_path(&mut self, key: &str) -> Option<Option<PathBuf>> {
+        let s = self.string(key)?;
+        if s.is_empty() {
+            return Some(None);
+        }
+        Some(Some(self.resolve(&s)))
+    }
+
     fn path(&mut self, key: &str) -> Option<PathBuf> {
         let s = self.string(key)?;
         if s.is_empty() {
@@ -297,6 +306,8 @@ pub(super) mod kind {
 
     /// A path; relative ones are taken from the file's directory.
     pub struct Path;
+    /// A path, or `""` for none.
+    pub struct OptionalPath;
     /// `:`-separated directories, searched in order.
     pub struct SearchPath;
     /// A string; an empty one counts as unset.
@@ -342,6 +353,17 @@ pub(super) mod kind {
         }
         fn show(v: &PathBuf) -> String {
             v.display().to_string()
+        }
+    }
+
+    impl Read for OptionalPath {
+        type Value = Option<PathBuf>;
+        fn read(f: &mut Fields<'_>, key: &str) -> Option<Option<PathBuf>> {
+            f.optional_path(key)
+        }
+        fn show(v: &Option<PathBuf>) -> String {
+            v.as_ref()
+                .map_or_else(|| quoted(""), |p| p.display().to_string())
         }
     }
 

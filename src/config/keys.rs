@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 
 use super::fields::{kind, Fields, Read};
-use crate::{api, cni, device_info, k8s, logging, readiness_file, selection, server};
+use crate::{api, cni, device_info, k8s, logging, readiness_file, reconcile, selection, server};
 
 /// One key of daemon-config.json.
 #[derive(Debug, Clone, Copy)]
@@ -32,6 +32,8 @@ pub struct Key {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Path,
+    /// A path, or `""` for none.
+    OptionalPath,
     SearchPath,
     Text,
     Network,
@@ -59,6 +61,7 @@ impl Kind {
     pub fn text(self) -> &'static str {
         match self {
             Kind::Path => "path",
+            Kind::OptionalPath => "path, or `\"\"` for none",
             Kind::SearchPath => "directories separated by `:`",
             Kind::Text => "string",
             Kind::Network => "network name or path",
@@ -85,7 +88,7 @@ impl Kind {
     pub fn may_be_path(self) -> bool {
         matches!(
             self,
-            Kind::Path | Kind::SearchPath | Kind::Network | Kind::Networks
+            Kind::Path | Kind::OptionalPath | Kind::SearchPath | Kind::Network | Kind::Networks
         )
     }
 }
@@ -434,6 +437,24 @@ keys! {
             "device-info files: device plugins' in `dp/`, networks' in `cni/` (a network's file \
              there is removed by its DEL, also for pods multus attached; only a regular file, \
              never through a symbolic link)";
+        cri_socket: OptionalPath "criSocket",
+            derived("the first of `/run/containerd/containerd.sock`, `/run/crio/crio.sock` that \
+                     exists when plexusd starts"),
+            "the container runtime's CRI socket, asked which pod sandboxes exist \
+             ([Reconcile](#reconcile-addresses-the-runtime-forgot)); `\"\"`: none (no \
+             reconciling)";
+        reconcile: Bool "reconcile", value(true),
+            "delete, as a pending cleanup, the networks of Kubernetes pods whose sandbox the \
+             runtime no longer lists and whose network namespace is gone, so that their \
+             addresses are given back ([Reconcile](#reconcile-addresses-the-runtime-forgot))";
+        reconcile_grace: NonZeroDuration "reconcileGrace", value(reconcile::DEFAULT_GRACE),
+            "nothing is reclaimed from a record written, a runtime started, or an empty sandbox \
+             list (after a non-empty one) younger than this: longer than a runtime takes to \
+             come back and a sandbox's ADD may take";
+        reconcile_interval: NonZeroDuration "reconcileInterval",
+            value(reconcile::DEFAULT_INTERVAL),
+            "how often the runtime's sandboxes are compared with the records (also once at \
+             start); one CRI call, bounded by this interval (1s to 10s)";
     }
     multus {
         multus(

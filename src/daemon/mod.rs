@@ -21,7 +21,7 @@ use crate::limit::{Admission, ConnectionLimit};
 use crate::metrics::Metrics;
 use crate::notify::{self, Notifier};
 use crate::server::{self, Drained, Handler, Shared};
-use crate::{cni, k8s, logging, readiness_file};
+use crate::{cni, k8s, logging, readiness_file, reconcile};
 
 use signals::Signals;
 
@@ -116,7 +116,13 @@ pub fn main(config: config::Config) -> Exit {
         watchdog,
         metrics,
     };
-    let background = background_work(runtime.handle().clone(), handler.clone(), engine);
+    let reconciling = reconciling(&config);
+    let background = background_work(
+        runtime.handle().clone(),
+        handler.clone(),
+        engine,
+        reconciling,
+    );
     serve(
         &runtime,
         config,
@@ -244,13 +250,43 @@ fn start_kubernetes(
     }
 }
 
+/// Reconciling with the runtime, when it is on: its settings, the CRI
+/// socket (looked for now, when not configured) and the state directory.
+/// Says once in the log when it is off. Blocking.
+fn reconciling(config: &config::Config) -> Option<Reconciling> {
+    let settings = config.reconcile.clone();
+    match settings.socket_to_use() {
+        Ok(socket) => {
+            info!(socket = %socket.display(), grace = %crate::duration::format(settings.grace), interval = %crate::duration::format(settings.interval), "reconciling the records with the runtime's pod sandboxes");
+            Some(Reconciling {
+                settings,
+                socket,
+                state_dir: config.cni.state_dir.clone(),
+            })
+        }
+        Err(why) => {
+            info!(why, "reconciling with the runtime's pod sandboxes is off");
+            None
+        }
+    }
+}
+
+/// What [`reconcile::run`] needs.
+struct Reconciling {
+    settings: reconcile::Config,
+    socket: std::path::PathBuf,
+    state_dir: std::path::PathBuf,
+}
+
 /// What starts once the socket is taken, in the background: the network
 /// check (it runs each plugin's VERSION, warming the cache, and must not
-/// delay readiness) and plexusd's own retries of failed DELs.
+/// delay readiness), plexusd's own retries of failed DELs, and the
+/// reconcile rounds when on.
 fn background_work(
     runtime: tokio::runtime::Handle,
     check: CniHandler,
     cleanups: Arc<cni::Engine>,
+    reconciling: Option<Reconciling>,
 ) -> impl FnOnce() {
     move || {
         runtime.spawn(async move {
@@ -258,6 +294,14 @@ fn background_work(
                 warn!(%problem, "network check at start-up failed; ADD will fail until this is fixed");
             }
         });
+        if let Some(r) = reconciling {
+            runtime.spawn(reconcile::run(
+                cleanups.clone(),
+                r.settings,
+                r.socket,
+                r.state_dir,
+            ));
+        }
         runtime.spawn(retry_cleanups(cleanups));
     }
 }

@@ -24,6 +24,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("result", &["api"]),
     ("netconf", &["api", "names", "result"]),
     ("readiness_file", &["duration"]),
+    ("cri", &["duration"]),
     // Along the request's path.
     ("activation", &["api", "trust"]),
     ("server", &["api", "duration", "limit", "memory", "metrics"]),
@@ -71,6 +72,10 @@ const MAY_USE: &[(&str, &[&str])] = &[
         ],
     ),
     // Beside it.
+    (
+        "reconcile",
+        &["causes", "cni", "cri", "duration", "netconf"],
+    ),
     ("shim", &["api", "duration", "result", "trust"]),
     ("autoconf", &["result", "trust"]),
     ("cli", &["config"]),
@@ -88,6 +93,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "limit",
             "logging",
             "readiness_file",
+            "reconcile",
             "selection",
             "server",
             "trust",
@@ -108,6 +114,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "metrics",
             "notify",
             "readiness_file",
+            "reconcile",
             "server",
             "spawner",
         ],

@@ -63,6 +63,7 @@ mod plugin_runner;
 mod plugin_stderr;
 mod properties;
 mod readiness_file;
+mod reconcile;
 mod records;
 mod resource_bounds;
 mod shim;

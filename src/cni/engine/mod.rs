@@ -50,6 +50,7 @@ mod hotplug;
 mod lock;
 mod multus;
 mod plan;
+mod reclaim;
 mod recover;
 #[cfg(test)]
 mod tests;
@@ -75,6 +76,7 @@ use crate::netconf::{self, NetworkList};
 
 pub use error::{Error, ErrorKind};
 use lock::Loaded;
+pub use reclaim::Reclaimed;
 
 /// Plugin search path when `binDir` is not set: containerd's and CRI-O's
 /// default, then Debian's.

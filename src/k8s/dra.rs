@@ -13,7 +13,11 @@
 //!   once every claim of it is reserved for it, so at ADD time these are
 //!   exactly the pod's claims, whether from a template or named in the
 //!   spec). Made only when a NAD of the pod names a resource the kubelet's
-//!   device plugins did not provide: a node without DRA never asks.
+//!   device plugins did not provide: a node without DRA never asks. A
+//!   node's own identity may not LIST claims (the Node authorizer grants a
+//!   node `get` of the claims its pods reference, nothing more): when the
+//!   LIST is refused, the pod is read from a LIST of this node's pods in
+//!   its namespace and each claim it names is read with a GET.
 //! - The devices' attributes: a watch of this node's ResourceSlices
 //!   (`spec.nodeName=<node>`), started on the first pod that needs it and
 //!   kept; per device, only the two attributes. Devices without a
@@ -26,6 +30,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::runtime::watcher;
@@ -347,25 +352,7 @@ impl Dra {
     /// one LIST of the namespace's claims; then, if any is reserved for the
     /// pod, their devices' attributes from the slice cache.
     pub(super) async fn pod_devices(&self, namespace: &str, uid: &str) -> Result<DeviceIds, Error> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
-        let params = ListParams::default();
-        let claims = match tokio::time::timeout(self.request_timeout, api.list(&params)).await {
-            Err(_) => {
-                return Err(Error::ClaimsTimeout {
-                    namespace: namespace.to_string(),
-                    after: self.request_timeout,
-                })
-            }
-            // No resource.k8s.io/v1 on this API server: no claims.
-            Ok(Err(kube::Error::Api(status))) if status.code == 404 => return Ok(DeviceIds::new()),
-            Ok(Err(source)) => {
-                return Err(Error::Claims {
-                    namespace: namespace.to_string(),
-                    source,
-                })
-            }
-            Ok(Ok(list)) => list.items,
-        };
+        let claims = self.claims(namespace, uid).await?;
         let allocated: Vec<&AllocatedDevice> =
             claims.iter().flat_map(|c| c.devices_for(uid)).collect();
         if allocated.is_empty() {
@@ -387,6 +374,94 @@ impl Dra {
             }
         }
         Ok(out)
+    }
+
+    /// The claims that may be the pod's: the namespace's, from one LIST;
+    /// when that LIST is refused (403: a node's own identity may `get` the
+    /// claims of its pods but never `list` them), those the pod names, each
+    /// from a GET ([`Dra::claims_of_pod`]). When that finds none, the
+    /// refusal stands: it is what the operator must see.
+    async fn claims(&self, namespace: &str, uid: &str) -> Result<Vec<ResourceClaim>, Error> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        let params = ListParams::default();
+        match self.bounded(namespace, api.list(&params)).await? {
+            // No resource.k8s.io/v1 on this API server: no claims.
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                match self.claims_of_pod(namespace, uid).await {
+                    Ok(claims) if !claims.is_empty() => Ok(claims),
+                    // Nothing to show for the refusal: it is the answer.
+                    found => {
+                        if let Err(e) = found {
+                            tracing::debug!(namespace, cause = %crate::causes::chain(&e), "the pod's ResourceClaims could not be read one by one either");
+                        }
+                        Err(Error::Claims {
+                            namespace: namespace.to_string(),
+                            source: kube::Error::Api(status),
+                        })
+                    }
+                }
+            }
+            Err(source) => Err(Error::Claims {
+                namespace: namespace.to_string(),
+                source,
+            }),
+            Ok(list) => Ok(list.items),
+        }
+    }
+
+    /// The claims pod `namespace`/(uid `uid`) names, as a node's identity
+    /// may read them: the pod from a LIST of this node's pods in the
+    /// namespace (`spec.nodeName=<node>`, which the Node authorizer
+    /// allows), then a GET of each claim of its `spec.resourceClaims`
+    /// (by `resourceClaimName`, or the name `status.resourceClaimStatuses`
+    /// gives a claim made from a template).
+    async fn claims_of_pod(&self, namespace: &str, uid: &str) -> Result<Vec<ResourceClaim>, Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let params = ListParams::default().fields(&format!("spec.nodeName={}", self.node_name));
+        let listed = self
+            .bounded(namespace, pods.list(&params))
+            .await?
+            .map_err(|source| Error::Claims {
+                namespace: namespace.to_string(),
+                source,
+            })?;
+        let Some(pod) = listed
+            .items
+            .into_iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(uid))
+        else {
+            return Ok(Vec::new());
+        };
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        let mut claims = Vec::new();
+        for name in claim_names(&pod) {
+            match self.bounded(namespace, api.get_opt(&name)).await? {
+                Ok(Some(c)) => claims.push(c),
+                Ok(None) => {}
+                Err(source) => {
+                    return Err(Error::Claims {
+                        namespace: namespace.to_string(),
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(claims)
+    }
+
+    /// `call` within `kubernetesRequestTimeout`.
+    async fn bounded<T>(
+        &self,
+        namespace: &str,
+        call: impl std::future::Future<Output = T>,
+    ) -> Result<T, Error> {
+        tokio::time::timeout(self.request_timeout, call)
+            .await
+            .map_err(|_| Error::ClaimsTimeout {
+                namespace: namespace.to_string(),
+                after: self.request_timeout,
+            })
     }
 
     /// The slice cache, started on first use and synced (waited for at
@@ -430,6 +505,30 @@ impl Dra {
             cause,
         })
     }
+}
+
+/// The names of the ResourceClaims a pod uses: those its spec names, and
+/// those made for it from templates (named in its status; not yet made
+/// when missing there).
+fn claim_names(pod: &Pod) -> Vec<String> {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_deref())
+        .unwrap_or_default();
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| match &c.resource_claim_name {
+            Some(name) => Some(name.clone()),
+            None => statuses
+                .iter()
+                .find(|s| s.name == c.name)
+                .and_then(|s| s.resource_claim_name.clone()),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -496,6 +595,25 @@ mod tests {
             serde_json::from_value(json!({"metadata": {"name": "c"}, "status": {"reservedFor": [{"resource": "pods", "uid": "uid-p"}]}}))
                 .unwrap();
         assert_eq!(unallocated.devices_for("uid-p"), &[]);
+    }
+
+    #[test]
+    fn a_pods_claims_should_be_those_its_spec_names_or_its_status_gives() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns1", "uid": "uid-p"},
+            "spec": {"containers": [], "resourceClaims": [
+                {"name": "nic", "resourceClaimTemplateName": "nic-template"},
+                {"name": "shared", "resourceClaimName": "shared-vfs"},
+                {"name": "pending", "resourceClaimTemplateName": "t"}
+            ]},
+            "status": {"resourceClaimStatuses": [
+                {"name": "nic", "resourceClaimName": "p-nic-7xk2q"},
+                {"name": "pending"}
+            ]}
+        }))
+        .unwrap();
+        assert_eq!(claim_names(&pod), ["p-nic-7xk2q", "shared-vfs"]);
+        assert!(claim_names(&Pod::default()).is_empty());
     }
 
     #[test]

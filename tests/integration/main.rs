@@ -44,6 +44,7 @@ mod k8s_default_route;
 mod k8s_devices;
 mod k8s_dra;
 mod k8s_drain;
+mod k8s_identity;
 mod k8s_large;
 mod k8s_networks;
 mod k8s_publish;

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{FakeApi, RESOURCE_CLAIMS, RESOURCE_SLICES};
+use super::{FakeApi, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES};
 
 /// A device of a ResourceSlice: its name and the CNI attributes a network
 /// driver publishes (`None`: that attribute is left out).
@@ -69,6 +69,29 @@ impl FakeApi {
             }
         });
         self.lock().put(RESOURCE_CLAIMS, namespace, name, claim);
+    }
+
+    /// Pod `namespace/pod` uses ResourceClaim `claim` as its pod claim
+    /// `pod_claim`, made from a template: its `spec.resourceClaims` names
+    /// the template and its `status.resourceClaimStatuses` the claim made,
+    /// as the resourceclaim controller writes it (the Node authorizer's
+    /// pod -> claim edge). Panics without such a pod.
+    pub fn reference_claim(&self, namespace: &str, pod: &str, pod_claim: &str, claim: &str) {
+        let mut s = self.lock();
+        let mut object = s.get(PODS, namespace, pod).expect("the pod exists");
+        let push = |list: &mut Value, entry: Value| match list.as_array_mut() {
+            Some(l) => l.push(entry),
+            None => *list = json!([entry]),
+        };
+        push(
+            &mut object["spec"]["resourceClaims"],
+            json!({"name": pod_claim, "resourceClaimTemplateName": format!("{pod_claim}-template")}),
+        );
+        push(
+            &mut object["status"]["resourceClaimStatuses"],
+            json!({"name": pod_claim, "resourceClaimName": claim}),
+        );
+        s.put(PODS, namespace, pod, object);
     }
 
     /// Adds or replaces ResourceSlice `name` of driver `driver`, pool

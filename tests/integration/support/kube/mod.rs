@@ -55,6 +55,7 @@ mod requests;
 mod wire;
 
 pub use authn::Identity;
+pub use authz::{cluster_role_bindings_in, cluster_roles_in, Authorization, ClusterRole, Subject};
 use bulk::Bulk;
 pub use bulk::{BulkConfigs, BulkSpec};
 pub use dra::SliceDevice;
@@ -552,6 +553,13 @@ impl FakeApi {
         let mut s = self.lock();
         s.authn.identify = true;
         s.authn.tokens.insert(token.to_string(), identity);
+    }
+
+    /// From now on only what `authorization`'s authorizers allow is
+    /// answered; anything else is 403 Forbidden as the API server words
+    /// it (see [`Authorization`]). Before: everything is allowed.
+    pub fn authorize(&self, authorization: Authorization) {
+        self.lock().authz.enforced = Some(authorization);
     }
 
     /// `token` is refused (401) from now on, as after its expiry.

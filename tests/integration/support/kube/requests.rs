@@ -83,8 +83,8 @@ async fn answer(
             Err(()) => Err(error(401, "Unauthorized", "Unauthorized")),
             Ok(identity) => s
                 .authz
-                .authorize(identity.as_ref(), method.as_str(), &path, &query)
-                .map_err(|message| error(403, "Forbidden", &message)),
+                .authorize(&s, identity.as_ref(), method.as_str(), &path, &query)
+                .map_err(|refused| refused.reply()),
         };
         (s.injected(&path), s.list_delay, access)
     };

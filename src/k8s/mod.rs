@@ -6,7 +6,9 @@
 //! source, and Plexus serves static networks only.
 //!
 //! - Credentials: the `kubeconfig` file named in daemon-config.json, else
-//!   the in-cluster service account (when `KUBERNETES_SERVICE_HOST` is set).
+//!   the in-cluster service account (when `KUBERNETES_SERVICE_HOST` is set);
+//!   read again when their files change and after a 401 ([`client`]), so
+//!   a rotated client certificate or token needs no restart.
 //! - Pods: `spec.nodeName=<node>` only (lists, watches), as
 //!   `PartialObjectMetadata`: a node never receives the cluster's pods,
 //!   nor their specs. Kept per pod: namespace, name, uid and the
@@ -31,6 +33,7 @@
 //! - Nothing here is needed for DEL: DEL runs from the attachment records.
 
 mod cache;
+pub mod client;
 pub mod devices;
 pub mod dra;
 pub mod events;
@@ -173,7 +176,10 @@ impl PodInfo {
 
 /// The caches and the client. Dropping it stops the watches.
 pub struct Source {
+    /// Every call goes through it: credentials re-read when their files
+    /// change and after a 401 ([`client`]).
     client: kube::Client,
+    reloading: client::Reloading,
     config: Config,
     pods: Arc<Cache<PodInfo>>,
     nads: Arc<Cache<CachedNad>>,
@@ -276,8 +282,9 @@ impl Source {
     /// Builds the client and starts both watches on the current runtime.
     /// Does not wait for anything: see [`Source::wait_synced`].
     pub async fn start(config: Config) -> Result<Self, Error> {
-        let client_config = client_config(&config).await?;
-        let client = kube::Client::try_from(client_config).map_err(Error::Client)?;
+        let refusals = Arc::new(refusal::Refusals::default());
+        let reloading = client::Reloading::start(&config, refusals).await?;
+        let client = reloading.client();
         let stop = CancellationToken::new();
 
         let pods = Arc::new(Cache::default());
@@ -306,6 +313,7 @@ impl Source {
         Ok(Self {
             dra,
             client,
+            reloading,
             config,
             pods,
             nads,
@@ -331,6 +339,13 @@ impl Source {
                 .collect::<Vec<_>>()
                 .join("; "),
         )
+    }
+
+    /// Why the credentials' files could not be read again (one missing,
+    /// unreadable or invalid), naming the file, while that lasts; the
+    /// credentials read before are used meanwhile.
+    pub fn credentials_error(&self) -> Option<String> {
+        self.reloading.problem()
     }
 
     /// The device-info directory.

@@ -39,6 +39,7 @@ mod host_safety;
 mod hostile_env;
 mod http_errors;
 mod input_bounds;
+mod k8s_credentials;
 mod k8s_daemon;
 mod k8s_default_route;
 mod k8s_devices;

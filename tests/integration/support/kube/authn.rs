@@ -22,9 +22,24 @@ pub(super) struct Authn {
     /// Set once a token was accepted: from then on, callers must be
     /// known (even when every token has been revoked since).
     pub(super) identify: bool,
+    /// Client certificates issued (by DER) and whom they stand for.
+    pub(super) certs: std::collections::BTreeMap<Vec<u8>, Identity>,
+    /// Client certificates refused from now on (as after their expiry).
+    pub(super) revoked_certs: std::collections::BTreeSet<Vec<u8>>,
 }
 
 impl Authn {
+    /// Whom the client certificate `der` (checked at the TLS layer) stands
+    /// for. Asked for each request, as the API server checks a
+    /// certificate's validity per request: `Err(())`, 401 Unauthorized,
+    /// for a revoked one, also on a connection opened before.
+    pub(super) fn peer(&self, der: &[u8]) -> Result<Option<Identity>, ()> {
+        if self.revoked_certs.contains(der) {
+            return Err(());
+        }
+        Ok(self.certs.get(der).cloned())
+    }
+
     /// The caller of one request: `peer` is the identity of the
     /// connection's client certificate, if any; `authorization` the
     /// request's header. `Err(())`: 401 Unauthorized. `Ok(None)`: no

@@ -52,6 +52,7 @@ mod authz;
 mod bulk;
 mod dra;
 mod requests;
+mod tls;
 mod wire;
 
 pub use authn::Identity;
@@ -276,10 +277,35 @@ pub struct FakeApi {
     stalled: watch::Sender<bool>,
     shutdown: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Some: HTTPS, with this CA.
+    pki: Option<Arc<tls::Pki>>,
+}
+
+/// How a kubeconfig for the HTTPS server authenticates (see
+/// [`FakeApi::write_tls_kubeconfig`]).
+#[derive(Debug, Clone, Copy)]
+pub enum KubeAuth<'a> {
+    /// `client-certificate` and `client-key` files (may be one file, as
+    /// kubelet's `kubelet-client-current.pem`).
+    ClientCert { cert: &'a Path, key: &'a Path },
+    /// A `tokenFile`.
+    TokenFile(&'a Path),
 }
 
 impl FakeApi {
+    /// Serves plain HTTP.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Serves HTTPS with a CA of its own: a client certificate is
+    /// optional at the TLS layer (tokens still work) and must be one the
+    /// CA signed ([`FakeApi::issue_client_cert`]).
+    pub fn start_tls() -> Self {
+        Self::start_with(Some(Arc::new(tls::Pki::new())))
+    }
+
+    fn start_with(pki: Option<Arc<tls::Pki>>) -> Self {
         let std_listener = StdListener::bind("127.0.0.1:0").expect("bind the fake API server");
         let addr = std_listener.local_addr().expect("local addr");
         let state = Arc::new(Mutex::new(State {
@@ -292,6 +318,7 @@ impl FakeApi {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let thread = {
             let state = state.clone();
+            let acceptor = pki.as_ref().map(|p| p.acceptor());
             std::thread::Builder::new()
                 .name("fake-kube-api".into())
                 .spawn(move || {
@@ -302,6 +329,7 @@ impl FakeApi {
                     rt.block_on(serve(
                         std_listener,
                         addr,
+                        acceptor,
                         state,
                         up_rx,
                         stalled_rx,
@@ -317,11 +345,72 @@ impl FakeApi {
             stalled,
             shutdown,
             thread: Some(thread),
+            pki,
         }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        match self.pki {
+            Some(_) => format!("https://{}", self.addr),
+            None => format!("http://{}", self.addr),
+        }
+    }
+
+    fn pki(&self) -> &tls::Pki {
+        self.pki
+            .as_deref()
+            .expect("a fake API server started with start_tls")
+    }
+
+    /// The CA's certificate, PEM.
+    pub fn ca_pem(&self) -> String {
+        self.pki().ca_pem().to_string()
+    }
+
+    /// A client certificate signed by the server's CA for `identity`
+    /// (user = CN, groups = O) and its key, PEM; the server takes it from
+    /// now on until [`FakeApi::revoke_client_cert`].
+    pub fn issue_client_cert(&self, identity: Identity) -> (String, String) {
+        let (cert, key) = self.pki().issue(&identity);
+        self.lock().authn.certs.insert(tls::der_of(&cert), identity);
+        (cert, key)
+    }
+
+    /// Every request presenting `cert_pem` gets 401 Unauthorized from now
+    /// on, also on connections opened before (the API server checks a
+    /// certificate's validity on each request).
+    pub fn revoke_client_cert(&self, cert_pem: &str) {
+        let der = tls::der_of(cert_pem);
+        let mut s = self.lock();
+        s.authn.certs.remove(&der);
+        s.authn.revoked_certs.insert(der);
+    }
+
+    /// A kubeconfig naming this HTTPS server, trusting its CA (written to
+    /// `<path>-ca.crt`), user `node` authenticated by `auth`.
+    pub fn write_tls_kubeconfig(&self, path: &Path, auth: KubeAuth<'_>) {
+        let ca = path.with_file_name(format!(
+            "{}-ca.crt",
+            path.file_name().expect("a file name").to_string_lossy()
+        ));
+        std::fs::write(&ca, self.ca_pem()).expect("write the CA certificate");
+        let user = match auth {
+            KubeAuth::ClientCert { cert, key } => format!(
+                "    client-certificate: {}\n    client-key: {}\n",
+                cert.display(),
+                key.display()
+            ),
+            KubeAuth::TokenFile(file) => format!("    tokenFile: {}\n", file.display()),
+        };
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             \x20   certificate-authority: {}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: node\n\
+             current-context: fake\nusers:\n- name: node\n  user:\n{user}",
+            self.url(),
+            ca.display()
+        );
+        std::fs::write(path, text).expect("write kubeconfig");
     }
 
     /// A kubeconfig naming this server (plain HTTP, a bearer token).
@@ -731,6 +820,7 @@ fn kind_of(resource: &str) -> (&'static str, &'static str) {
 async fn serve(
     std_listener: StdListener,
     addr: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     state: Arc<Mutex<State>>,
     mut up: watch::Receiver<bool>,
     stalled: watch::Receiver<bool>,
@@ -760,28 +850,70 @@ async fn serve(
             }
             conn = accept => {
                 let Some((stream, _)) = conn else { continue };
-                let state = state.clone();
-                let stalled = stalled.clone();
-                let mut down = up.clone();
+                let (state, stalled, down, tls) = (state.clone(), stalled.clone(), up.clone(), tls.clone());
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        handle(req, state.clone(), stalled.clone(), None)
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                    tokio::pin!(conn);
-                    // Going down closes open connections too.
-                    loop {
-                        tokio::select! {
-                            _ = &mut conn => return,
-                            r = down.changed() => {
-                                if r.is_err() || !*down.borrow_and_update() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
+                    let Some(acceptor) = tls else {
+                        return serve_connection(stream, None, state, stalled, down).await;
+                    };
+                    // A client certificate the CA did not sign fails here.
+                    let Ok(stream) = acceptor.accept(stream).await else { return };
+                    let peer = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .map(|c| c.to_vec());
+                    serve_connection(stream, peer, state, stalled, down).await;
                 });
+            }
+        }
+    }
+}
+
+/// One connection, until it ends or the server goes down. `peer`: the
+/// DER of the client certificate the connection presented, looked up on
+/// each request (a revoked one gets 401).
+async fn serve_connection<S>(
+    stream: S,
+    peer: Option<Vec<u8>>,
+    state: Arc<Mutex<State>>,
+    stalled: watch::Receiver<bool>,
+    mut down: watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = peer.map(Arc::new);
+    let service = hyper::service::service_fn(move |req| {
+        let (state, stalled, peer) = (state.clone(), stalled.clone(), peer.clone());
+        async move {
+            let identity = match &peer {
+                None => None,
+                Some(der) => {
+                    let verdict = state
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .authn
+                        .peer(der);
+                    match verdict {
+                        Err(()) => return Ok(wire::error(401, "Unauthorized", "Unauthorized")),
+                        Ok(identity) => identity.map(Arc::new),
+                    }
+                }
+            };
+            handle(req, state, stalled, identity).await
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    // Going down closes open connections too.
+    loop {
+        tokio::select! {
+            _ = &mut conn => return,
+            r = down.changed() => {
+                if r.is_err() || !*down.borrow_and_update() {
+                    return;
+                }
             }
         }
     }

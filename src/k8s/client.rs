@@ -106,13 +106,37 @@ impl Files {
         changed.join(", ")
     }
 
-    /// The first file that cannot be opened, as a problem naming it.
-    fn unreadable(&self) -> Option<String> {
+    /// The first file that cannot be read or does not hold what its role
+    /// needs, as a problem naming it. The contents are only glanced at
+    /// (a PEM block of the right kind, a token): the build says the rest.
+    fn unusable(&self) -> Option<String> {
         self.0.iter().find_map(|(role, path)| {
-            std::fs::File::open(path)
-                .err()
-                .map(|e| format!("cannot read the {role} {}: {e}", path.display()))
+            let problem = match std::fs::read(path) {
+                Err(e) => e.to_string(),
+                Ok(text) => lacks(role, &text)?.to_string(),
+            };
+            Some(format!(
+                "cannot read the {role} {}: {problem}",
+                path.display()
+            ))
         })
+    }
+}
+
+/// What a file of `role` lacks, if it lacks what that role needs.
+fn lacks(role: &str, text: &[u8]) -> Option<&'static str> {
+    let has = |needle: &[u8]| text.windows(needle.len()).any(|w| w == needle);
+    match role {
+        "client-certificate" | "certificate-authority" | "service account CA"
+            if !has(b"-----BEGIN CERTIFICATE-----") =>
+        {
+            Some("no PEM certificate in it")
+        }
+        "client-key" if !has(b"PRIVATE KEY-----") => Some("no PEM private key in it"),
+        "tokenFile" | "service account token" if text.trim_ascii().is_empty() => {
+            Some("it is empty")
+        }
+        _ => None,
     }
 }
 
@@ -199,7 +223,7 @@ async fn build(config: &Config) -> Result<Built, Error> {
         // Looked at before reading: a change while reading is seen next
         // time.
         let stamps = files.stamps();
-        let client = match files.unreadable() {
+        let client = match files.unusable() {
             Some(problem) => Err(problem),
             None => runtime
                 .block_on(client_config(&config))
@@ -546,6 +570,11 @@ mod tests {
         );
         std::fs::remove_file(&b).unwrap();
         assert_eq!(files.stamps(), vec![None]);
-        assert!(files.unreadable().unwrap().contains("client-certificate"));
+        assert!(files.unusable().unwrap().contains("client-certificate"));
+        std::fs::write(&b, "not a certificate").unwrap();
+        let problem = files.unusable().unwrap();
+        assert!(problem.contains("no PEM certificate"), "{problem}");
+        std::fs::write(&b, "-----BEGIN CERTIFICATE-----\n").unwrap();
+        assert_eq!(files.unusable(), None);
     }
 }

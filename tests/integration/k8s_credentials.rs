@@ -258,10 +258,10 @@ fn add_pod(d: &Daemon, api: &FakeApi, subnet: &Subnet, name: &str) -> Netns {
     ns
 }
 
-/// The kubeconfig's client-certificate file vanishes: plexusd keeps the
-/// credentials it read, logs the file and names it in STATUS=; a good
-/// file put back (a new certificate, the old one refused) clears it and
-/// calls use it.
+/// The kubeconfig's client-certificate file vanishes, then holds no
+/// certificate: plexusd keeps the credentials it read, logs the file and
+/// names it in STATUS=; a good file put back (a new certificate, the old
+/// one refused) clears it and calls use it.
 #[test]
 fn a_vanished_client_certificate_should_be_named_in_status_until_it_is_back() {
     let api = FakeApi::start_tls();
@@ -299,11 +299,19 @@ fn a_vanished_client_certificate_should_be_named_in_status_until_it_is_back() {
         d.log_text()
     );
 
+    // Something that is no certificate in its place: named too.
+    replace(&cert_file, "not a certificate\n");
+    let _third = add_pod(&d, &api, &subnet, "gone-2");
+    wait_until(T, "STATUS= naming the invalid file", || {
+        let status = last_status(&mut d);
+        status.contains(&named) && status.contains("no PEM certificate")
+    });
+
     let (new_cert, new_key) = api.issue_client_cert(node_identity());
     replace(&key_file, &new_key);
     replace(&cert_file, &new_cert);
     api.revoke_client_cert(&cert);
-    let _third = add_pod(&d, &api, &subnet, "gone-2");
+    let _fourth = add_pod(&d, &api, &subnet, "gone-3");
     wait_until(T, "STATUS= without the credentials problem", || {
         let status = last_status(&mut d);
         status.contains("STATUS=serving") && !status.contains("Kubernetes credentials")

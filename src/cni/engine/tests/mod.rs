@@ -455,6 +455,7 @@ mod del_check_gc;
 mod faults;
 mod gc_live;
 mod multus;
+mod reclaim;
 mod records;
 mod rollback;
 mod scripted;

@@ -545,36 +545,5 @@ impl tower_service::Service<Request<Body>> for Reloading {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_replaced_symlink_should_change_the_stamp_and_be_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = dir.path().join("cert-a.pem");
-        let b = dir.path().join("cert-b.pem");
-        std::fs::write(&a, "a").unwrap();
-        std::fs::write(&b, "b").unwrap();
-        let current = dir.path().join("current.pem");
-        std::os::unix::fs::symlink(&a, &current).unwrap();
-        let files = Files(vec![("client-certificate", current.clone())]);
-        let before = files.stamps();
-        let tmp = dir.path().join("current.tmp");
-        std::os::unix::fs::symlink(&b, &tmp).unwrap();
-        std::fs::rename(&tmp, &current).unwrap();
-        let after = files.stamps();
-        assert_ne!(before, after);
-        assert_eq!(
-            files.changed(&files, &before, &after),
-            format!("client-certificate {}", current.display())
-        );
-        std::fs::remove_file(&b).unwrap();
-        assert_eq!(files.stamps(), vec![None]);
-        assert!(files.unusable().unwrap().contains("client-certificate"));
-        std::fs::write(&b, "not a certificate").unwrap();
-        let problem = files.unusable().unwrap();
-        assert!(problem.contains("no PEM certificate"), "{problem}");
-        std::fs::write(&b, "-----BEGIN CERTIFICATE-----\n").unwrap();
-        assert_eq!(files.unusable(), None);
-    }
-}
+#[path = "client_tests.rs"]
+mod tests;

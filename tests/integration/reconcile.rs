@@ -210,11 +210,11 @@ impl Drop for Resume {
 
 /// The grace of the test below: long enough for a few rounds after the
 /// second containerd comes up, which is all the restart rule keeps.
-const RESTART_GRACE: Duration = Duration::from_secs(8);
+const RESTART_GRACE: Duration = Duration::from_secs(10);
 
 #[test]
 fn pods_the_runtime_forgot_should_give_their_addresses_back_once_it_has_run_for_the_grace() {
-    let mut n = Node::new("rec-forgot", "8s", json!({}), vec![]);
+    let mut n = Node::new("rec-forgot", "10s", json!({}), vec![]);
     n.start_containerd("ctd1");
     let a = n.ctd().run(&Pod::new("rec", "a"));
     let b = n.ctd().run(&Pod::new("rec", "b"));
@@ -243,8 +243,9 @@ fn pods_the_runtime_forgot_should_give_their_addresses_back_once_it_has_run_for_
     n.wait_rounds(3);
     assert_eq!(n.reserved(), full, "reclaimed within the runtime's grace");
     assert!(n.has_record(&a) && n.has_record(&b));
+    let seen_after = started.elapsed();
     assert!(
-        started.elapsed() < RESTART_GRACE,
+        seen_after < RESTART_GRACE,
         "the test was too slow to see rounds within the grace"
     );
     assert_eq!(containerd_pid(n.ctd()), pid);
@@ -253,7 +254,8 @@ fn pods_the_runtime_forgot_should_give_their_addresses_back_once_it_has_run_for_
         n.reserved().len() == 1 && !n.has_record(&a) && !n.has_record(&b)
     });
     eprintln!(
-        "addresses given back {:?} after the new runtime's start",
+        "kept through rounds {seen_after:?} after the new runtime's start; addresses given back \
+         after {:?}",
         started.elapsed()
     );
     assert!(!n.has_record(&a) && !n.has_record(&b));

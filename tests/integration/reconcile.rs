@@ -13,12 +13,12 @@
 //! (`reconcile round`) to know that some ran, and assert on files.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use crate::support::cni::{bare, bridge, conflist, ok, processes_matching, Call, Engine};
+use crate::support::cni::{bare, bridge, conflist, list_dir, ok, processes_matching, Call, Engine};
 use crate::support::containerd::{ipv4_in, Containerd, Pod};
 use crate::support::daemon::{poll, wait_until, Daemon};
 use crate::support::netns::{bridge_ports, unique_name, Link, Netns, Subnet};
@@ -187,15 +187,39 @@ fn signal(pid: i32, sig: i32) {
 
 /// Kills containerd with SIGKILL, then drops its guard: with containerd
 /// dead, the guard only kills the sandboxes' processes and unmounts their
-/// namespaces. No DEL reaches plexusd: the runtime lost everything.
+/// namespaces. No DEL reaches plexusd: the runtime lost everything. The
+/// runc shims, left without their containerd, are killed here (the guard
+/// looks for shims by an `-address` that is not their last argument) and
+/// their sockets in `/run/containerd/s` removed.
 fn forget_everything(ctd: Containerd) {
     let pid = containerd_pid(&ctd);
+    let address = format!("-address {}", ctd.sock.display());
+    let tasks = ctd.state.join("io.containerd.runtime.v2.task/k8s.io");
+    let sockets: Vec<PathBuf> = list_dir(&tasks)
+        .into_iter()
+        .filter_map(|id| fs::read_to_string(tasks.join(id).join("address")).ok())
+        .filter_map(|a| a.trim().strip_prefix("unix://").map(PathBuf::from))
+        .collect();
     signal(pid, libc::SIGKILL);
     wait_until(T, "containerd to die", || {
         !Path::new(&format!("/proc/{pid}/cmdline")).exists()
             || fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.is_empty())
     });
     drop(ctd);
+    let shims = || -> Vec<i32> {
+        processes_matching(&address)
+            .into_iter()
+            .filter(|(_, cmd)| cmd.ends_with(&address) || cmd.contains(&format!("{address} ")))
+            .map(|(p, _)| p)
+            .collect()
+    };
+    for p in shims() {
+        signal(p, libc::SIGKILL);
+    }
+    wait_until(T, "the runtime's shims to die", || shims().is_empty());
+    for s in sockets {
+        let _ = fs::remove_file(s);
+    }
 }
 
 /// Resumes a stopped containerd however the test ends (its guard calls

@@ -319,7 +319,7 @@ resource_k8s_io!(
 /// This node's ResourceSlices, watched from the first pod that needs them.
 struct Slices {
     cache: Arc<Cache<SliceDevices>>,
-    synced: watch::Receiver<bool>,
+    synced: watch::Receiver<super::Listed>,
     errors: WatchErrors,
 }
 
@@ -490,8 +490,9 @@ impl Dra {
             })
             .await;
         let mut synced = slices.synced.clone();
-        let _ = tokio::time::timeout(self.request_timeout, synced.wait_for(|s| *s)).await;
-        if *slices.synced.borrow() {
+        let _ =
+            tokio::time::timeout(self.request_timeout, synced.wait_for(super::Listed::done)).await;
+        if slices.synced.borrow().done() {
             return Ok(slices);
         }
         let cause = slices

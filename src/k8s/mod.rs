@@ -183,10 +183,10 @@ pub struct Source {
     config: Config,
     pods: Arc<Cache<PodInfo>>,
     nads: Arc<Cache<CachedNad>>,
-    /// Set once each cache has its first full list; any number of tasks
-    /// may look or wait.
-    pods_synced: watch::Receiver<bool>,
-    nads_synced: watch::Receiver<bool>,
+    /// Where each cache stands: listed once, or its list refused
+    /// (403); any number of tasks may look or wait.
+    pods_synced: watch::Receiver<Listed>,
+    nads_synced: watch::Receiver<Listed>,
     /// The last error of each cache's watch (with its whole chain of
     /// causes) until that watch recovers.
     errors: WatchErrors,
@@ -194,6 +194,41 @@ pub struct Source {
     events: events::Poster,
     /// Devices from Dynamic Resource Allocation.
     dra: dra::Dra,
+}
+
+/// Where a cache stands with its first full list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Listed {
+    /// Not listed yet (starting, or the API is failing).
+    Not,
+    /// Listed once: kept up to date from then on.
+    Done,
+    /// Not listed yet, and the API refused the list to this identity
+    /// (403): it will not change by waiting, only by a new rule (the
+    /// watch keeps trying, and lists when one is added).
+    Refused(String),
+}
+
+impl Listed {
+    fn done(&self) -> bool {
+        matches!(self, Listed::Done)
+    }
+
+    /// Done, or refused: waiting would not change it.
+    fn settled(&self) -> bool {
+        !matches!(self, Listed::Not)
+    }
+}
+
+/// Whether a watch error is the API refusing this identity (403).
+fn is_forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 403,
+        watcher::Error::WatchError(s) => s.code == 403,
+        _ => false,
+    }
 }
 
 /// Cache name -> the last error of its watch, while it is failing.
@@ -353,9 +388,21 @@ impl Source {
         &self.config.device_info_dir
     }
 
-    /// Both caches have listed once.
+    /// Both caches have listed once, or the NADs' list was refused to
+    /// this identity: a node's own identity may read its pods but no
+    /// NetworkAttachmentDefinition, and its pods that name none are
+    /// served (see [`Source::nads_refused`]).
     pub fn synced(&self) -> bool {
-        *self.pods_synced.borrow() && *self.nads_synced.borrow()
+        self.pods_synced.borrow().done() && self.nads_synced.borrow().settled()
+    }
+
+    /// Why the NetworkAttachmentDefinitions cannot be read, while the API
+    /// refuses their list to this identity and they were never listed.
+    pub fn nads_refused(&self) -> Option<String> {
+        match &*self.nads_synced.borrow() {
+            Listed::Refused(why) => Some(why.clone()),
+            _ => None,
+        }
     }
 
     /// Waits until [`Source::synced`], at most `timeout`; whether it is.
@@ -363,8 +410,8 @@ impl Source {
         let mut pods = self.pods_synced.clone();
         let mut nads = self.nads_synced.clone();
         let both = async {
-            let _ = pods.wait_for(|s| *s).await;
-            let _ = nads.wait_for(|s| *s).await;
+            let _ = pods.wait_for(Listed::done).await;
+            let _ = nads.wait_for(Listed::settled).await;
         };
         let _ = tokio::time::timeout(timeout, both).await;
         self.synced()
@@ -453,6 +500,10 @@ impl Cluster for Source {
         self.nad(namespace, name)
     }
 
+    fn network_attachments_unreadable(&self) -> Option<String> {
+        self.nads_refused()
+    }
+
     async fn pod_devices(&self, pod: &planning::Pod<'_>) -> Result<DeviceIds, DevicesError> {
         self.config
             .devices
@@ -499,13 +550,13 @@ fn spawn_watch<K>(
     mut feeder: Feeder<K>,
     errors: &WatchErrors,
     stop: &CancellationToken,
-) -> watch::Receiver<bool>
+) -> watch::Receiver<Listed>
 where
     K: Slim + Send + 'static,
     K::Value: Send + Sync + 'static,
 {
     let stop = stop.clone();
-    let (synced_tx, synced) = watch::channel(false);
+    let (synced_tx, synced) = watch::channel(Listed::Not);
     let errors = errors.clone();
     tokio::spawn(async move {
         let mut last_error: Option<String> = None;
@@ -524,8 +575,8 @@ where
                     let init = matches!(event, watcher::Event::Init);
                     if feeder.apply(event) {
                         crate::memory::release_free_memory();
-                        if !*synced_tx.borrow() {
-                            synced_tx.send_replace(true);
+                        if !synced_tx.borrow().done() {
+                            synced_tx.send_replace(Listed::Done);
                             tracing::info!(
                                 cache = what,
                                 objects = feeder.len(),
@@ -545,6 +596,9 @@ where
                     // The whole chain: "client error (Connect)" alone does
                     // not say that a certificate was refused.
                     let text = crate::causes::chain(&e);
+                    if is_forbidden(&e) && !synced_tx.borrow().done() {
+                        synced_tx.send_replace(Listed::Refused(text.clone()));
+                    }
                     if last_error.as_deref() != Some(text.as_str()) {
                         tracing::warn!(cache = what, cause = %text, "Kubernetes watch failed; retrying with backoff");
                         errors

@@ -86,6 +86,12 @@ pub trait Cluster {
     /// The NAD `namespace/name`, if there is one.
     fn network_attachment(&self, namespace: &str, name: &str) -> Option<Nad>;
 
+    /// Why no NAD can be read at all, if that is so (the API refuses
+    /// their list to this identity): said when a pod names one.
+    fn network_attachments_unreadable(&self) -> Option<String> {
+        None
+    }
+
     /// Every device the kubelet gave `pod`, by resource. Planning asks
     /// at most once per ADD, and only when a network names a resource.
     async fn pod_devices(&self, pod: &Pod<'_>) -> Result<DeviceIds, DevicesError>;
@@ -520,7 +526,13 @@ impl<C: Cluster, N: Configs> Planner<'_, C, N> {
             .ok_or_else(|| nad::Error::NotFound {
                 namespace: sel.namespace.clone(),
                 name: sel.name.clone(),
-                why: "no such NetworkAttachmentDefinition".into(),
+                why: match self.cluster.network_attachments_unreadable() {
+                    Some(why) => format!(
+                        "the NetworkAttachmentDefinitions cannot be read: {why} (README: \
+                         \"The identity plexusd uses\")"
+                    ),
+                    None => "no such NetworkAttachmentDefinition".into(),
+                },
             })
     }
 

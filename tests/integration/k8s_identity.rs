@@ -356,16 +356,20 @@ fn each_identity_readme_proposes_should_run_exactly_the_features_its_table_says(
     }
     print_matrix(&rows);
     let all = [true; 5];
+    // Without NADs: the cluster network, its network-status and events;
+    // the device and DRA networks here are NADs.
+    let node_only = [false, true, true, false, false];
     assert_eq!(
         rows.iter().map(|r| r.1).collect::<Vec<_>>(),
-        vec![[false; 5], all, all, all],
+        vec![node_only, all, all, all],
         "README's table of identities and features"
     );
 }
 
 /// The node's own identity without plexus-node: the NAD cache is refused
-/// (its watch retries with backoff), every pod's ADD is answered code 11,
-/// and the refusal is logged exactly once, with the rule to add.
+/// (its watch retries with backoff); a pod that names no NAD is served, one
+/// that names a NAD fails saying why; the refusal is logged exactly once,
+/// with the rule to add.
 #[test]
 fn a_refused_nad_list_should_be_logged_once_with_the_rule_to_add() {
     let n = node(
@@ -375,7 +379,26 @@ fn a_refused_nad_list_should_be_logged_once_with_the_rule_to_add() {
     );
     let mut keep = Vec::new();
     let (added, _) = add(&n, "plain", &mut keep);
-    assert!(!added, "an ADD with unsynced caches is refused");
+    assert!(added, "a pod that names no NAD needs none");
+    let ns = Netns::new();
+    let run = Call::new("ADD", "identnets-refused", &ns, "eth0")
+        .args(&pod_args("ns1", "nets", "uid-nets"))
+        .run(&n.daemon);
+    keep.push(ns);
+    assert_ne!(run.code, Some(0), "{}", run.stdout);
+    for needle in [
+        "ns1",
+        "blue",
+        "cannot be read",
+        "forbidden",
+        "The identity plexusd uses",
+    ] {
+        assert!(
+            run.stdout.contains(needle),
+            "{needle:?} not in {}",
+            run.stdout
+        );
+    }
     // The watch has retried: several refused lists.
     let retried = poll(Duration::from_secs(15), Duration::from_millis(50), || {
         refusals(&n, "network-attachment-definitions") >= 3

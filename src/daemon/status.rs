@@ -24,17 +24,11 @@ fn line<H: Handler>(shared: &Shared<H>) -> String {
         shared.metrics.in_flight.get(),
         shared.metrics.queued.get()
     );
-    let line = match shared.handler.readiness() {
+    match shared.handler.readiness() {
         Readiness::Ready => format!("serving: {counts}"),
         Readiness::Starting(why) => format!("starting: {why}; {counts}"),
         Readiness::Degraded(why) => format!("serving, degraded: {why}; {counts}"),
         Readiness::NotReady(why) => format!("serving, not ready: {why}; {counts}"),
-    };
-    // The handler is seen through the server's trait only: the
-    // credentials' problems are asked of k8s directly.
-    match crate::k8s::client::problems() {
-        Some(problem) => format!("{line}; Kubernetes credentials: {problem}"),
-        None => line,
     }
 }
 

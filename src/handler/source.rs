@@ -42,12 +42,26 @@ impl Kubernetes {
             .min(self.add_wait)
     }
 
-    /// The last watch error, as a suffix for readiness texts.
+    /// The last watch error and a credentials file that cannot be read,
+    /// as a suffix for readiness texts.
     fn cause(&self) -> String {
-        self.source
+        let mut cause = self
+            .source
             .watch_error()
             .map(|e| format!(" (last error: {e})"))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if let Some(c) = self.credentials() {
+            cause.push_str(&format!("; {c}"));
+        }
+        cause
+    }
+
+    /// A credentials file that cannot be read again (the credentials read
+    /// before are used meanwhile), naming the file.
+    fn credentials(&self) -> Option<String> {
+        self.source
+            .credentials_error()
+            .map(|p| format!("Kubernetes credentials: {p}"))
     }
 
     /// For the ADD of `container_id`: the caches have synced. A cold
@@ -74,7 +88,11 @@ impl Kubernetes {
 
     pub(super) fn readiness(&self) -> Readiness {
         if self.source.synced() {
-            Readiness::Ready
+            // Serving, with what will fail once the old credentials expire.
+            match self.credentials() {
+                Some(c) => Readiness::Degraded(c),
+                None => Readiness::Ready,
+            }
         } else if Instant::now() < self.settle_by {
             Readiness::Starting(format!(
                 "waiting for the Kubernetes caches (this node's pods and the \

@@ -30,7 +30,6 @@ use std::future::Future;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -61,20 +60,6 @@ const REPLAY_LIMIT: u64 = 1024 * 1024;
 const MIN_FORCED_INTERVAL: Duration = Duration::from_secs(1);
 /// The in-cluster service account's CA certificate.
 const IN_CLUSTER_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
-
-/// The credentials problems of every live [`Reloading`] client in this
-/// process, by client. Process-wide because the daemon's `STATUS=` line
-/// sees the handler only through the server's trait; each client adds and
-/// removes its own entry (see [`problems`]).
-static PROBLEMS: Mutex<BTreeMap<u64, String>> = Mutex::new(BTreeMap::new());
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
-/// Why the Kubernetes credentials could not be read again, for every
-/// client of this process that has such a problem right now.
-pub fn problems() -> Option<String> {
-    let problems = PROBLEMS.lock().unwrap_or_else(|e| e.into_inner());
-    (!problems.is_empty()).then(|| problems.values().cloned().collect::<Vec<_>>().join("; "))
-}
 
 /// What one file looked like: device, inode, size, mtime (seconds and
 /// nanoseconds) of what its path leads to; `None`: cannot be looked at.
@@ -248,7 +233,6 @@ async fn build(config: &Config) -> Result<Built, Error> {
 
 /// What [`Reloading`] clones share.
 struct Shared {
-    id: u64,
     config: Config,
     current: Mutex<Current>,
     /// One build at a time.
@@ -256,15 +240,6 @@ struct Shared {
     /// The problem of the last build, while it lasts.
     problem: Mutex<Option<String>>,
     refusals: Arc<Refusals>,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        PROBLEMS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
-    }
 }
 
 /// The tower service under the outer [`kube::Client`]: each request goes
@@ -311,7 +286,6 @@ impl Reloading {
         };
         Ok(Self {
             shared: Arc::new(Shared {
-                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 config: config.clone(),
                 current: Mutex::new(current),
                 building: tokio::sync::Mutex::new(()),
@@ -412,18 +386,14 @@ impl Shared {
         if *current == problem {
             return;
         }
-        let mut all = PROBLEMS.lock().unwrap_or_else(|e| e.into_inner());
         match &problem {
             Some(p) => {
                 tracing::warn!(problem = %p, "cannot read the Kubernetes credentials again; still using those read before");
-                all.insert(self.id, p.clone());
             }
-            None => {
-                if current.is_some() {
-                    tracing::info!("Kubernetes credentials readable again");
-                }
-                all.remove(&self.id);
+            None if current.is_some() => {
+                tracing::info!("Kubernetes credentials readable again");
             }
+            None => {}
         }
         *current = problem;
     }

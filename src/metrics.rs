@@ -50,8 +50,9 @@ pub struct MultusLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CleanupLabels {
     /// `handed_over` (the runtime's DEL was answered with success, plexusd
-    /// retries alone), `retry_failed`, `done` (a later DEL succeeded) or
-    /// `given_up`.
+    /// retries alone), `retry_failed`, `done` (a later DEL succeeded),
+    /// `given_up` or `reclaimed` (a container the runtime forgot, deleted
+    /// by reconcile).
     pub outcome: &'static str,
 }
 

@@ -3,8 +3,8 @@
 //! state), and when the runtime process started, so that a runtime that
 //! has just (re)started is told from one that has forgotten a sandbox.
 //!
-//! The call is gRPC on the runtime's unix socket, made with hyper's HTTP/2
-//! client as `k8s::devices` makes the kubelet's; the few protobuf messages
+//! The call is gRPC on the runtime's unix socket ([`crate::grpc`], as
+//! `k8s::devices` asks the kubelet); the few protobuf messages
 //! it needs are declared here with only the fields read (unknown fields are
 //! skipped, so newer runtimes answer just as well). Every exchange is
 //! bounded by a timeout; file reads go to the blocking pool.
@@ -14,10 +14,6 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
-
-use bytes::{Buf, Bytes};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 
 /// Where runtimes put their CRI socket, in the order plexusd looks when
 /// `criSocket` is not set: containerd's, then CRI-O's.
@@ -124,82 +120,31 @@ pub async fn list_sandboxes(socket: &Path, timeout: Duration) -> Result<Listing,
 }
 
 async fn list(socket: &Path) -> Result<Listing, Error> {
-    let api = |why: String| Error::Api {
-        socket: socket.to_path_buf(),
-        why,
-    };
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .map_err(|source| Error::Connect {
+    let answer = crate::grpc::call_empty::<proto::ListPodSandboxResponse>(
+        socket,
+        LIST_PATH,
+        MAX_MESSAGE_BYTES,
+    )
+    .await
+    .map_err(|e| match e {
+        crate::grpc::CallError::Connect(source) => Error::Connect {
             socket: socket.to_path_buf(),
             source,
-        })?;
-    let pid = stream.peer_cred().ok().and_then(|c| c.pid());
-    let (mut sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .handshake::<_, Full<Bytes>>(TokioIo::new(stream))
-        .await
-        .map_err(|e| api(format!("HTTP/2 handshake: {e}")))?;
-    // The connection ends when `sender` is dropped.
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(cause = %e, "CRI connection ended");
-        }
-    });
-    // An empty ListPodSandboxRequest (no filter: every sandbox, every
-    // state): uncompressed, length 0.
-    let request = hyper::Request::post(format!("http://localhost{LIST_PATH}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
-        .map_err(|e| api(e.to_string()))?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| api(format!("request: {e}")))?;
-    if response.status() != hyper::StatusCode::OK {
-        return Err(api(format!("HTTP status {}", response.status())));
-    }
-    // A failure may come as headers alone ("trailers-only").
-    if let Some(e) = grpc_failure(response.headers()) {
-        return Err(api(e));
-    }
-    let body = Limited::new(response.into_body(), MAX_MESSAGE_BYTES + 5)
-        .collect()
-        .await
-        .map_err(|e| api(format!("reading the answer: {e}")))?;
-    if let Some(e) = body.trailers().and_then(grpc_failure) {
-        return Err(api(e));
-    }
-    let answer = decode(body.to_bytes()).map_err(api)?;
-    let sock = socket.to_path_buf();
+        },
+        crate::grpc::CallError::Api(why) => Error::Api {
+            socket: socket.to_path_buf(),
+            why,
+        },
+    })?;
+    let (pid, sock) = (answer.peer_pid, socket.to_path_buf());
     let runtime_age = tokio::task::spawn_blocking(move || runtime_age(pid, &sock))
         .await
         .ok()
         .flatten();
     Ok(Listing {
-        sandboxes: answer.items.into_iter().map(sandbox).collect(),
+        sandboxes: answer.message.items.into_iter().map(sandbox).collect(),
         runtime_age,
     })
-}
-
-/// The message of a gRPC answer's body (one uncompressed message).
-fn decode(mut bytes: Bytes) -> Result<proto::ListPodSandboxResponse, String> {
-    if bytes.len() < 5 {
-        return Err("the answer holds no message".into());
-    }
-    if bytes[0] != 0 {
-        return Err("the answer is compressed, which was not asked for".into());
-    }
-    bytes.advance(1);
-    let len = bytes.get_u32() as usize;
-    if len > bytes.len() {
-        return Err(format!(
-            "the message says {len} bytes but {} came",
-            bytes.len()
-        ));
-    }
-    <proto::ListPodSandboxResponse as prost::Message>::decode(bytes.slice(..len))
-        .map_err(|e| format!("cannot decode the answer: {e}"))
 }
 
 fn sandbox(s: proto::PodSandbox) -> Sandbox {
@@ -212,19 +157,6 @@ fn sandbox(s: proto::PodSandbox) -> Sandbox {
         ready: s.state == 0,
         created_at: s.created_at,
     }
-}
-
-/// A non-zero `grpc-status` with its message.
-fn grpc_failure(headers: &hyper::HeaderMap) -> Option<String> {
-    let status = headers.get("grpc-status")?.to_str().ok()?.trim();
-    if status == "0" {
-        return None;
-    }
-    let message = headers
-        .get("grpc-message")
-        .and_then(|m| m.to_str().ok())
-        .unwrap_or("");
-    Some(format!("gRPC status {status}: {message}"))
 }
 
 /// How long ago the runtime started: process `pid`'s start time when it
@@ -276,6 +208,8 @@ fn socket_age(socket: &Path) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::grpc::decode;
+    use bytes::Bytes;
     use prost::Message;
 
     #[test]
@@ -316,7 +250,7 @@ mod tests {
         let mut framed = vec![0];
         framed.extend((msg.len() as u32).to_be_bytes());
         framed.extend(&msg);
-        let got = decode(Bytes::from(framed.clone())).unwrap();
+        let got: proto::ListPodSandboxResponse = decode(Bytes::from(framed.clone())).unwrap();
         let s = sandbox(got.items[0].clone());
         assert_eq!(
             s,
@@ -329,11 +263,11 @@ mod tests {
                 created_at: 7,
             }
         );
-        assert!(decode(Bytes::from_static(&[0, 0, 0])).is_err());
+        assert!(decode::<proto::ListPodSandboxResponse>(Bytes::from_static(&[0, 0, 0])).is_err());
         let mut short = framed.clone();
         short[4] += 1;
-        assert!(decode(Bytes::from(short)).is_err());
+        assert!(decode::<proto::ListPodSandboxResponse>(Bytes::from(short)).is_err());
         framed[0] = 1;
-        assert!(decode(Bytes::from(framed)).is_err());
+        assert!(decode::<proto::ListPodSandboxResponse>(Bytes::from(framed)).is_err());
     }
 }

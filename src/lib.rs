@@ -41,6 +41,7 @@
 //!   memory      the allocator's free memory given back after bursts and lists
 //!   json        a JSON value's kind, for messages
 //!   cri         the runtime's CRI: its pod sandboxes, when it started
+//!   grpc        one unary gRPC call on a unix socket (kubelet, runtime)
 //!   causes      an error's text with every cause under it
 //!   duration    "10s"-style durations
 //!
@@ -64,16 +65,16 @@
 //! Dependency direction (every `crate::` import; nothing else, as
 //! `tests/integration/architecture.rs` checks):
 //!
-//! - Leaves: `api`, `causes`, `device_info`, `duration`, `json`, `logging`, `memory`,
-//!   `metrics`, `names`, `notify`, `spawner` and `trust` use no other module; `cri`
-//!   uses `duration`; `result`
+//! - Leaves: `api`, `causes`, `device_info`, `duration`, `grpc`, `json`, `logging`,
+//!   `memory`, `metrics`, `names`, `notify`, `spawner` and `trust` use no other module;
+//!   `cri` uses `duration` and `grpc`; `result`
 //!   uses `api`; `netconf` uses `api`, `names` and `result`;
 //!   `readiness_file` uses `duration`.
 //! - Along the path, a module uses only modules after it and the leaves.
 //!   `cni` uses the leaves only. `selection` uses `netconf`, `names`,
 //!   `device_info` and `json`: it never reaches into `cni`, `k8s` or
 //!   `config`. `k8s` uses `selection` (to implement its lookup trait),
-//!   `causes`, `device_info`, `duration`, `memory` and `result`. `limit` uses
+//!   `causes`, `device_info`, `duration`, `grpc`, `memory` and `result`. `limit` uses
 //!   `duration`, `memory` and `metrics`.
 //! - The one reference back is by design: `server` calls the handler
 //!   through its own [`server::Handler`] trait, so `handler` uses `server`
@@ -105,6 +106,7 @@ pub mod cri;
 pub mod daemon;
 pub mod device_info;
 pub mod duration;
+pub mod grpc;
 pub mod handler;
 pub mod json;
 pub mod k8s;

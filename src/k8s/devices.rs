@@ -18,9 +18,6 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::Deserialize;
 
 /// The kubelet's pod-resources socket.
@@ -159,84 +156,20 @@ impl DeviceSource {
 
     /// One gRPC `List` call.
     async fn list(&self) -> Result<proto::ListPodResourcesResponse, Error> {
-        let api = |why: String| Error::Api {
-            socket: self.socket.clone(),
-            why,
-        };
-        let stream = tokio::net::UnixStream::connect(&self.socket)
+        crate::grpc::call_empty(&self.socket, LIST_PATH, MAX_MESSAGE_BYTES)
             .await
-            .map_err(|source| Error::Connect {
-                socket: self.socket.clone(),
-                source,
-            })?;
-        let (mut sender, connection) =
-            hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-                .handshake::<_, Full<Bytes>>(TokioIo::new(stream))
-                .await
-                .map_err(|e| api(format!("HTTP/2 handshake: {e}")))?;
-        // The connection ends when `sender` is dropped.
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(cause = %e, "pod-resources connection ended");
-            }
-        });
-        // An empty ListPodResourcesRequest: uncompressed, length 0.
-        let request = hyper::Request::post(format!("http://localhost{LIST_PATH}"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
-            .map_err(|e| api(e.to_string()))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| api(format!("request: {e}")))?;
-        if response.status() != hyper::StatusCode::OK {
-            return Err(api(format!("HTTP status {}", response.status())));
-        }
-        // A failure may come as headers alone ("trailers-only").
-        if let Some(e) = grpc_failure(response.headers()) {
-            return Err(api(e));
-        }
-        let body = Limited::new(response.into_body(), MAX_MESSAGE_BYTES + 5)
-            .collect()
-            .await
-            .map_err(|e| api(format!("reading the answer: {e}")))?;
-        if let Some(e) = body.trailers().and_then(grpc_failure) {
-            return Err(api(e));
-        }
-        let mut bytes = body.to_bytes();
-        if bytes.len() < 5 {
-            return Err(api("the answer holds no message".into()));
-        }
-        if bytes[0] != 0 {
-            return Err(api(
-                "the answer is compressed, which was not asked for".into()
-            ));
-        }
-        bytes.advance(1);
-        let len = bytes.get_u32() as usize;
-        if len > bytes.len() {
-            return Err(api(format!(
-                "the message says {len} bytes but {} came",
-                bytes.len()
-            )));
-        }
-        <proto::ListPodResourcesResponse as prost::Message>::decode(bytes.slice(..len))
-            .map_err(|e| api(format!("cannot decode the answer: {e}")))
+            .map(|answer| answer.message)
+            .map_err(|e| match e {
+                crate::grpc::CallError::Connect(source) => Error::Connect {
+                    socket: self.socket.clone(),
+                    source,
+                },
+                crate::grpc::CallError::Api(why) => Error::Api {
+                    socket: self.socket.clone(),
+                    why,
+                },
+            })
     }
-}
-
-/// A non-zero `grpc-status` with its message.
-fn grpc_failure(headers: &hyper::HeaderMap) -> Option<String> {
-    let status = headers.get("grpc-status")?.to_str().ok()?.trim();
-    if status == "0" {
-        return None;
-    }
-    let message = headers
-        .get("grpc-message")
-        .and_then(|m| m.to_str().ok())
-        .unwrap_or("");
-    Some(format!("gRPC status {status}: {message}"))
 }
 
 /// The devices of `namespace/name` in a pod-resources answer, by resource.

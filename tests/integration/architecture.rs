@@ -24,7 +24,8 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("result", &["api"]),
     ("netconf", &["api", "names", "result"]),
     ("readiness_file", &["duration"]),
-    ("cri", &["duration"]),
+    ("grpc", &[]),
+    ("cri", &["duration", "grpc"]),
     // Along the request's path.
     ("activation", &["api", "trust"]),
     ("server", &["api", "duration", "limit", "memory", "metrics"]),
@@ -52,6 +53,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "causes",
             "device_info",
             "duration",
+            "grpc",
             "memory",
             "result",
             "selection",

@@ -113,6 +113,11 @@ pub trait Records: Send + Sync + fmt::Debug + 'static {
     fn was_set_aside(&self, container_id: &str) -> bool;
     /// Half-written records a crashed writer left, as (container id, path).
     fn temp_files(&self) -> Vec<(String, PathBuf)>;
+    /// How long ago the record of `container_id` was last written, when
+    /// known.
+    fn age(&self, _container_id: &str) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 impl Records for Store {
@@ -146,5 +151,9 @@ impl Records for Store {
 
     fn temp_files(&self) -> Vec<(String, PathBuf)> {
         Store::temp_files(self)
+    }
+
+    fn age(&self, container_id: &str) -> Option<std::time::Duration> {
+        Store::age(self, container_id)
     }
 }

@@ -33,6 +33,6 @@ pub mod show;
 pub mod state;
 
 pub use engine::{
-    AddedNetwork, CleanupPolicy, Config, Engine, Error, ErrorKind, Planned, DEFAULT_BIN_DIRS,
+    AddedNetwork, CleanupPolicy, Config, Engine, Error, ErrorKind, Live, Planned, DEFAULT_BIN_DIRS,
     DEFAULT_CONF_DIR, DEFAULT_PLUGIN_TIMEOUT, DEFAULT_STATE_DIR,
 };

@@ -107,7 +107,7 @@ pub fn main(config: config::Config) -> Exit {
         }
     };
     let metrics = Arc::new(Metrics::new());
-    let (handler, engine) = match networks_handler(&runtime, &config, metrics.clone()) {
+    let (mut handler, engine) = match networks_handler(&runtime, &config, metrics.clone()) {
         Ok(h) => h,
         Err(exit) => return exit,
     };
@@ -117,6 +117,14 @@ pub fn main(config: config::Config) -> Exit {
         metrics,
     };
     let reconciling = reconciling(&config);
+    if let Some(r) = &reconciling {
+        // GC keeps the containers the runtime still has.
+        handler = handler.with_runtime(
+            r.socket.clone(),
+            r.settings.call_timeout(),
+            r.settings.grace,
+        );
+    }
     let background = background_work(
         runtime.handle().clone(),
         handler.clone(),

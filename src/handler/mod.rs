@@ -50,6 +50,17 @@ pub struct CniHandler {
     kubernetes: Option<Arc<Kubernetes>>,
     /// The readiness indicator file ADD, STATUS and GC wait for.
     readiness_file: Option<Indicator>,
+    /// The runtime GC asks which sandboxes exist (it never sweeps theirs).
+    runtime: Option<Runtime>,
+}
+
+/// The runtime's CRI socket, the bound of one call to it, and how young a
+/// record must be for GC to keep it unasked (`reconcileGrace`).
+#[derive(Debug, Clone)]
+struct Runtime {
+    socket: std::path::PathBuf,
+    timeout: Duration,
+    grace: Duration,
 }
 
 impl CniHandler {
@@ -64,8 +75,51 @@ impl CniHandler {
             engine,
             selection: Arc::new(selection),
             readiness_file: None,
+            runtime: None,
             kubernetes: kubernetes
                 .map(|source| Arc::new(Kubernetes::new(source, sync_timeout, queue_timeout))),
+        }
+    }
+
+    /// Makes GC keep the containers the runtime at CRI `socket` lists,
+    /// and those whose record is younger than `grace` (see [`cni::Live`]);
+    /// `timeout` bounds the CRI call.
+    pub fn with_runtime(
+        mut self,
+        socket: std::path::PathBuf,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Self {
+        self.runtime = Some(Runtime {
+            socket,
+            timeout,
+            grace,
+        });
+        self
+    }
+
+    /// What GC must keep, when the runtime's CRI socket is known (nothing
+    /// otherwise); a runtime that cannot be asked fails GC with "try
+    /// again later": sweeping without knowing could take a live pod's
+    /// networks.
+    async fn live_containers(&self) -> Result<cni::Live, Failure> {
+        let Some(rt) = &self.runtime else {
+            return Ok(cni::Live::default());
+        };
+        match crate::cri::list_sandboxes(&rt.socket, rt.timeout).await {
+            Ok(listing) => Ok(cni::Live {
+                ids: listing.sandboxes.into_iter().map(|s| s.id).collect(),
+                grace: Some(rt.grace),
+            }),
+            Err(e) => Err(Failure::new(
+                FailureKind::Failed,
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "GC swept nothing: the runtime's sandboxes could not be listed at {}: {}",
+                    rt.socket.display(),
+                    crate::causes::chain(&e)
+                ),
+            )),
         }
     }
 
@@ -240,6 +294,7 @@ impl CniHandler {
             Command::Status => self.status(&cfg, &config).await,
             Command::Gc => {
                 let valid = valid_attachments(&config)?;
+                let live = self.live_containers().await?;
                 let mut lists = Vec::new();
                 for list in self.configured_lists(&cfg).await {
                     lists.push(list.map_err(failure)?);
@@ -252,7 +307,7 @@ impl CniHandler {
                     self.del_fallback(cfg, &ifname, requested, config).await
                 };
                 self.engine
-                    .gc_with(&valid, &lists, fallback)
+                    .gc_keeping(&valid, &live, &lists, fallback)
                     .await
                     .map_err(failure)?;
                 Ok(Reply::Done)

@@ -91,7 +91,8 @@ impl Config {
         }
     }
 
-    fn call_timeout(&self) -> Duration {
+    /// The bound of one CRI call.
+    pub fn call_timeout(&self) -> Duration {
         self.interval.clamp(MIN_CALL_TIMEOUT, MAX_CALL_TIMEOUT)
     }
 }

@@ -36,6 +36,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "api",
             "causes",
             "cni",
+            "cri",
             "device_info",
             "duration",
             "json",

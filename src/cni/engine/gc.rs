@@ -21,6 +21,27 @@ use crate::cni::multus_cache::CachedResult;
 use crate::cni::state::{Attachment, Held, Record};
 use crate::netconf::{at_least, Invocation, NetworkList};
 
+/// The containers GC must not sweep, whatever the runtime's valid list
+/// says: those its CRI lists, and, when the runtime was asked, those whose
+/// record is younger than `grace` (an ADD that ended after the runtime
+/// computed its list may be of a sandbox the runtime registers only once
+/// its RunPodSandbox returns).
+#[derive(Debug, Clone, Default)]
+pub struct Live {
+    pub ids: BTreeSet<String>,
+    pub grace: Option<std::time::Duration>,
+}
+
+impl Live {
+    /// Blocking (a record file's age).
+    fn keeps(&self, store: &dyn crate::cni::backends::Records, id: &str) -> bool {
+        self.ids.contains(id)
+            || self
+                .grace
+                .is_some_and(|g| store.age(id).is_some_and(|age| age < g))
+    }
+}
+
 fn is_valid(id: &str, att: &Attachment, valid: &BTreeSet<(String, String)>) -> bool {
     let listed = |ifname: &str| valid.contains(&(id.to_string(), ifname.to_string()));
     listed(&att.ifname) || att.hot_plugged_into.as_deref().is_some_and(listed)
@@ -59,6 +80,26 @@ impl Engine {
         F: Fn(String) -> Fut,
         Fut: Future<Output = Result<Vec<Planned>, Error>>,
     {
+        self.gc_keeping(valid, &Live::default(), lists, fallback)
+            .await
+    }
+
+    /// [`Engine::gc_with`] that never sweeps the containers `live` keeps
+    /// (see [`Live`]), whatever `valid` says: a runtime's valid list is
+    /// computed before its GC call, so a container whose ADD ended in
+    /// between is missing from it, yet alive. Their attachments stay
+    /// recorded, and so are valid to the plugins' GC too.
+    pub async fn gc_keeping<F, Fut>(
+        &self,
+        valid: &BTreeSet<(String, String)>,
+        live: &Live,
+        lists: &[NetworkList],
+        fallback: F,
+    ) -> Result<(), Error>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = Result<Vec<Planned>, Error>>,
+    {
         let store = self.store.clone();
         let ids = blocking(move || store.list())
             .await?
@@ -66,6 +107,10 @@ impl Engine {
         let mut errors = Vec::new();
         // Stale attachments whose DEL failed: the plugins' GC may free them.
         let mut failed = BTreeSet::new();
+        let store = self.store.clone();
+        let live = live.clone();
+        let (ids, live): (Vec<String>, Vec<String>) =
+            blocking(move || ids.into_iter().partition(|id| !live.keeps(&*store, id))).await?;
         for id in ids {
             // A look without the lock first: valid containers, most of
             // them, are never locked.
@@ -93,7 +138,9 @@ impl Engine {
         self.all_due_now();
         // The containers multus attached, the same way.
         let mut multus_failed = BTreeSet::new();
-        errors.extend(self.gc_multus(valid, &mut multus_failed).await);
+        let mut multus_valid = valid.clone();
+        multus_valid.extend(live.into_iter().map(|id| (id, String::new())));
+        errors.extend(self.gc_multus(&multus_valid, &mut multus_failed).await);
         let kept = Kept {
             failed: &failed,
             multus_failed: &multus_failed,

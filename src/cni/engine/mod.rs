@@ -75,6 +75,7 @@ use crate::metrics::Metrics;
 use crate::netconf::{self, NetworkList};
 
 pub use error::{Error, ErrorKind};
+pub use gc::Live;
 use lock::Loaded;
 pub use reclaim::Reclaimed;
 

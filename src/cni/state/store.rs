@@ -61,6 +61,16 @@ impl Store {
         self.dir.join("damaged").join(container_id)
     }
 
+    /// How long ago `container_id`'s record file was last written; None
+    /// without one (or a clock that went back).
+    pub fn age(&self, container_id: &str) -> Option<std::time::Duration> {
+        let written = fs::symlink_metadata(self.path(container_id))
+            .ok()?
+            .modified()
+            .ok()?;
+        std::time::SystemTime::now().duration_since(written).ok()
+    }
+
     /// Whether `container_id` has a record file, readable or not.
     pub fn exists(&self, container_id: &str) -> bool {
         fs::symlink_metadata(self.path(container_id)).is_ok()

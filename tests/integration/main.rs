@@ -18,6 +18,7 @@ mod admission;
 mod architecture;
 mod aux_chain;
 mod call_log;
+mod chaos;
 mod check_config;
 mod client_answers;
 mod cni_faults;

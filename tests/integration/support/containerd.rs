@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 
 use super::cni::{list_dir, processes_matching, SYSTEM_PLUGINS};
 use super::cri_client::{
-    CriClient, CriError, LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata,
+    CriClient, CriError, LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata, PortMapping,
     SandboxStatus, SANDBOX_READY,
 };
 use super::daemon::{poll, wait_until, TestDir};
@@ -82,6 +82,10 @@ pub struct Pod {
     pub namespace: String,
     pub uid: String,
     pub annotations: HashMap<String, String>,
+    /// The sandbox's attempt (the kubelet counts its retries of a pod).
+    pub attempt: u32,
+    /// TCP host ports: (container port, host port).
+    pub ports: Vec<(u16, u16)>,
 }
 
 impl Pod {
@@ -92,6 +96,8 @@ impl Pod {
             namespace: namespace.into(),
             uid: format!("uid-{namespace}-{name}"),
             annotations: HashMap::new(),
+            attempt: 0,
+            ports: Vec::new(),
         }
     }
 
@@ -106,9 +112,19 @@ impl Pod {
                 name: self.name.clone(),
                 uid: self.uid.clone(),
                 namespace: self.namespace.clone(),
-                attempt: 0,
+                attempt: self.attempt,
             }),
             hostname: String::new(),
+            port_mappings: self
+                .ports
+                .iter()
+                .map(|&(container, host)| PortMapping {
+                    protocol: 0,
+                    container_port: container.into(),
+                    host_port: host.into(),
+                    host_ip: String::new(),
+                })
+                .collect(),
             labels: HashMap::new(),
             annotations: self.annotations.clone(),
             linux: Some(LinuxPodSandboxConfig {
@@ -341,16 +357,26 @@ impl Containerd {
     /// plexusd serving in `daemon_socket_dir` into `conf_dir` and waits
     /// until the CRI reports the network ready.
     pub fn use_plexus(&self, daemon_socket_dir: &Path) {
+        self.use_plexus_with(daemon_socket_dir, json!({}));
+    }
+
+    /// [`Containerd::use_plexus`] with `extra` keys in the shim's plugin
+    /// config (such as `capabilities`).
+    pub fn use_plexus_with(&self, daemon_socket_dir: &Path, extra: Value) {
+        let mut plugin = json!({
+            "type": "plexus-shim",
+            "daemonSocketDir": daemon_socket_dir,
+            // Short: a test sees a dead daemon's calls fail quickly.
+            "connectTimeout": "2s",
+            "timeout": "50s",
+        });
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            plugin[k] = v.clone();
+        }
         let conf = json!({
             "cniVersion": "1.0.0",
             "name": "plexus",
-            "plugins": [{
-                "type": "plexus-shim",
-                "daemonSocketDir": daemon_socket_dir,
-                // Short: a test sees a dead daemon's calls fail quickly.
-                "connectTimeout": "2s",
-                "timeout": "50s",
-            }],
+            "plugins": [plugin],
         });
         let tmp = self.conf_dir.join(".00-plexus.tmp");
         fs::write(&tmp, serde_json::to_vec_pretty(&conf).unwrap()).unwrap();

@@ -36,12 +36,27 @@ pub struct LinuxPodSandboxConfig {
     pub cgroup_parent: String,
 }
 
+/// A host port of the pod (protocol 0: TCP).
+#[derive(Clone, PartialEq, Message)]
+pub struct PortMapping {
+    #[prost(int32, tag = "1")]
+    pub protocol: i32,
+    #[prost(int32, tag = "2")]
+    pub container_port: i32,
+    #[prost(int32, tag = "3")]
+    pub host_port: i32,
+    #[prost(string, tag = "4")]
+    pub host_ip: String,
+}
+
 #[derive(Clone, PartialEq, Message)]
 pub struct PodSandboxConfig {
     #[prost(message, optional, tag = "1")]
     pub metadata: Option<PodSandboxMetadata>,
     #[prost(string, tag = "2")]
     pub hostname: String,
+    #[prost(message, repeated, tag = "5")]
+    pub port_mappings: Vec<PortMapping>,
     #[prost(map = "string, string", tag = "6")]
     pub labels: HashMap<String, String>,
     #[prost(map = "string, string", tag = "7")]

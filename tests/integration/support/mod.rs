@@ -1,6 +1,7 @@
 //! Test harness shared by the integration tests (declared once, in
 //! `main.rs`; the test modules use it as `crate::support`).
 
+pub mod chaos;
 pub mod cni;
 pub mod containerd;
 pub mod cri_client;

@@ -349,6 +349,11 @@ impl FakeApi {
         }
     }
 
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
     pub fn url(&self) -> String {
         match self.pki {
             Some(_) => format!("https://{}", self.addr),

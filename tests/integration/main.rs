@@ -34,6 +34,7 @@ mod del_policy;
 mod delegate;
 mod fairness;
 mod full_disk;
+mod gc_runtime;
 mod gc_safety;
 mod generate_config;
 mod host_safety;

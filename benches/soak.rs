@@ -10,7 +10,7 @@
 //!
 //! `cargo bench --bench soak`; as root. Settings (environment):
 //! * `PLEXUS_SOAK_MINUTES` (60): the churn without faults;
-//! * `PLEXUS_SOAK_FAULT_MINUTES` (20): then with the injector on;
+//! * `PLEXUS_SOAK_FAULT_MINUTES` (15): then with the injector on;
 //! * `PLEXUS_SOAK_WINDOW_SECS` (300): one window;
 //! * `PLEXUS_SOAK_WORKERS` (3) and `PLEXUS_SOAK_PODS` (3): the kubelet's
 //!   workers and the pods each keeps;
@@ -131,7 +131,7 @@ fn main() {
         return;
     }
     let quiet = Duration::from_secs(60 * env_u64("PLEXUS_SOAK_MINUTES", 60));
-    let noisy = Duration::from_secs(60 * env_u64("PLEXUS_SOAK_FAULT_MINUTES", 20));
+    let noisy = Duration::from_secs(60 * env_u64("PLEXUS_SOAK_FAULT_MINUTES", 15));
     let window = Duration::from_secs(env_u64("PLEXUS_SOAK_WINDOW_SECS", 300));
     let seed = env_u64("PLEXUS_SOAK_SEED", chaos::settings(0).0);
     let plan = Plan {

@@ -154,7 +154,12 @@ pub fn create(world: &World, owner: usize, mut pod: Pod) {
                 world.calls.add("RunPodSandbox failed", 1);
                 world.errors.add(&shape(&e.to_string()), 1);
                 discard_failed(world, &pod);
-                if began.elapsed() > DEADLINE || world.failures.any() {
+                if world.failures.any() {
+                    // The run has failed already: no more retries.
+                    world.node.api.delete_pod(&pod.namespace, &pod.name);
+                    return;
+                }
+                if began.elapsed() > DEADLINE {
                     world.failures.push(format!(
                         "pod {}/{} did not start within {DEADLINE:?}: {e}",
                         pod.namespace, pod.name
@@ -189,6 +194,10 @@ fn stop_until_done(world: &World, id: &str, what: &str) -> bool {
     let began = Instant::now();
     let mut last: Option<CriError> = None;
     while began.elapsed() < DEADLINE {
+        if world.failures.any() {
+            // The run has failed already: no more waiting.
+            return false;
+        }
         match world.call(false, || world.node.ctd.cri.stop_pod_sandbox(id)) {
             Ok(()) => {
                 world.calls.add("StopPodSandbox ok", 1);
@@ -214,6 +223,9 @@ fn stop_until_done(world: &World, id: &str, what: &str) -> bool {
 fn remove_sandbox(world: &World, id: &str) {
     let began = Instant::now();
     while let Err(e) = world.node.ctd.cri.remove_pod_sandbox(id) {
+        if world.failures.any() {
+            return;
+        }
         if began.elapsed() > DEADLINE {
             world
                 .failures

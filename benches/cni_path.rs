@@ -73,6 +73,9 @@ mod sequential;
 mod setup;
 #[path = "support/scenario_shim.rs"]
 mod shim_alone;
+#[allow(dead_code, unused_imports)]
+#[path = "support/soak_report.rs"]
+mod soak_report;
 #[path = "support/scenario_spawner.rs"]
 mod spawner;
 #[path = "support/scenario_start_stop.rs"]
@@ -344,10 +347,18 @@ fn main() {
         out.push_str(&format!("\n## {}\n\n{}", s.title, s.body));
     }
 
-    print!("{out}");
     let path = std::env::var_os("PLEXUS_BENCH_OUT")
         .map(PathBuf::from)
         .unwrap_or_else(|| manifest.join("BENCHMARKS.md"));
+    // The soak's section (`cargo bench --bench soak`, an hour long) stays.
+    if let Some(soak) = fs::read_to_string(manifest.join("BENCHMARKS.md"))
+        .ok()
+        .as_deref()
+        .and_then(soak_report::section_of)
+    {
+        out = soak_report::splice(&out, soak);
+    }
+    print!("{out}");
     match fs::write(&path, &out) {
         Ok(()) => eprintln!("report written to {}", path.display()),
         Err(e) => eprintln!("cannot write {}: {e}", path.display()),

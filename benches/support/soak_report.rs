@@ -488,6 +488,12 @@ fn section_bounds(text: &str) -> Option<(usize, usize)> {
     start.map(|s| (s, text.len()))
 }
 
+/// The soak section of `benchmarks` (the text of BENCHMARKS.md), if it
+/// has one: the report of `cargo bench --bench cni_path` keeps it.
+pub fn section_of(benchmarks: &str) -> Option<&str> {
+    section_bounds(benchmarks).map(|(start, end)| &benchmarks[start..end])
+}
+
 /// `benchmarks` (the text of BENCHMARKS.md) with the soak section replaced
 /// by `section`: from the line [`TITLE`] up to, not including, the next line
 /// starting with `## `, or to the end of the text; appended at the end after
@@ -1019,6 +1025,11 @@ fn check_splice() {
     let want = format!("# B\n\n## 13. A\n\na\n\n{section}\n## 15. C\n\nc\n");
     assert_eq!(splice(&middle, &section), want);
     assert_eq!(splice(&want, &section), want);
+    assert_eq!(
+        section_of(&want).map(str::trim_end),
+        Some(section.trim_end())
+    );
+    assert_eq!(section_of("# B\n\n## 13. A\n"), None);
 
     let last = format!("# B\n\n## 13. A\n\na\n\n{TITLE}\n\nold\n");
     assert_eq!(

@@ -168,6 +168,8 @@ pub fn create(world: &World, owner: usize, mut pod: Pod) {
                     return;
                 }
                 pod.attempt += 1;
+                // The kubelet backs off before it tries a pod again.
+                std::thread::sleep(Duration::from_millis(200));
             }
         }
     }

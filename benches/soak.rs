@@ -163,6 +163,12 @@ fn main() {
     if !world.failures.any() {
         chaos::finish(&world, baseline);
     }
+    if world.failures.any() {
+        // The logs outlive the node's directory, for the post-mortem.
+        let keep = std::env::temp_dir().join(format!("plexus-soak-{seed}.log"));
+        let _ = fs::write(&keep, world.node.daemon_logs());
+        eprintln!("soak: plexusd's logs kept in {}", keep.display());
+    }
     let meta = meta(&manifest, &started_at, seed, plan, window, &world, &meter);
     write_report(&manifest, &meter.windows, &meta);
 }

@@ -85,11 +85,10 @@ fn inject(world: &World, rng: &mut Rng, snapshot: &[String]) -> Option<Held> {
         1 => kill_during(world, "DEL", rng),
         2 => kill_during_gc(world, snapshot, rng),
         3 => {
-            let clean = node.restart_daemon();
-            if !clean {
+            if let Err(how) = node.restart_daemon() {
                 world
                     .failures
-                    .push("plexusd did not exit cleanly on SIGTERM".into());
+                    .push(format!("plexusd did not exit cleanly on SIGTERM: {how}"));
             }
             "plexusd SIGTERM restart"
         }

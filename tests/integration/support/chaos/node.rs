@@ -18,6 +18,7 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -217,19 +218,26 @@ impl Node {
     }
 
     /// SIGTERMs plexusd, waits for its exit (its drain), starts the next.
-    /// Whether it exited cleanly.
-    pub fn restart_daemon(&self) -> bool {
+    /// How it exited, when not cleanly (with the end of its log). A
+    /// plexusd that had not said READY=1 yet may die of the signal: it had
+    /// taken no call, and systemd counts a SIGTERM death as a clean stop.
+    pub fn restart_daemon(&self) -> Result<(), String> {
         let mut slot = self.daemon();
-        let clean = match slot.take() {
-            Some(mut d) => {
-                d.terminate();
-                d.wait_exit(Duration::from_secs(60)).success()
+        let unclean = slot.take().and_then(|mut d| {
+            let was_ready = d.notifications().iter().any(|n| n.contains("READY=1"));
+            d.terminate();
+            let st = d.wait_exit(Duration::from_secs(60));
+            if !was_ready && st.signal() == Some(libc::SIGTERM) {
+                return None;
             }
-            None => true,
-        };
+            let log = d.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            (!st.success()).then(|| format!("{st}; its log ends:\n{}", tail.join("\n")))
+        });
         drop(slot);
         self.start_daemon();
-        clean
+        unclean.map_or(Ok(()), Err)
     }
 
     /// Every plexusd's log so far, in start order.

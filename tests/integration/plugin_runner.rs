@@ -519,11 +519,32 @@ fn kill_stale_group_should_kill_leader_and_children() {
     cleanup.add(group.pgid);
     cleanup.add(child);
     assert!(!dead(group.pgid) && !dead(child));
-    assert!(kill_stale_group(group, SETTLE).unwrap());
+    assert!(kill_stale_group(group, Duration::ZERO, SETTLE).unwrap());
     assert!(dead(group.pgid) && dead(child));
     leader.wait().unwrap();
     // Nothing is left of it now.
-    assert!(!kill_stale_group(group, SETTLE).unwrap());
+    assert!(!kill_stale_group(group, Duration::ZERO, SETTLE).unwrap());
+}
+
+#[test]
+fn kill_stale_group_should_let_a_group_younger_than_its_deadline_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done");
+    // A plugin a crashed plexusd left mid-call: it ends on its own within
+    // its deadline, and is not killed half-way.
+    let (mut leader, group) = group_leader(&format!("sleep 0.3; touch {}", done.display()));
+    let mut cleanup = Cleanup::default();
+    cleanup.add(group.pgid);
+    assert!(!kill_stale_group(group, Duration::from_secs(60), SETTLE).unwrap());
+    assert!(done.exists(), "the group was killed before it finished");
+    leader.wait().unwrap();
+    // Past its deadline: killed at once.
+    let late = dir.path().join("late");
+    let (mut leader, group) = group_leader(&format!("sleep 0.3; touch {}", late.display()));
+    cleanup.add(group.pgid);
+    assert!(kill_stale_group(group, Duration::ZERO, SETTLE).unwrap());
+    leader.wait().unwrap();
+    assert!(!late.exists(), "a group past its deadline ran on");
 }
 
 #[test]
@@ -535,7 +556,7 @@ fn kill_stale_group_should_kill_members_of_a_group_whose_leader_is_gone() {
     leader.wait().unwrap();
     assert!(!Path::new(&format!("/proc/{}", group.pgid)).exists());
     assert!(!dead(member));
-    assert!(kill_stale_group(group, SETTLE).unwrap());
+    assert!(kill_stale_group(group, Duration::ZERO, SETTLE).unwrap());
     assert!(dead(member));
 }
 
@@ -548,7 +569,7 @@ fn kill_stale_group_should_spare_a_group_whose_leader_started_at_another_time() 
         start_time: group.start_time + 1,
         ..group
     };
-    assert!(!kill_stale_group(other, SETTLE).unwrap());
+    assert!(!kill_stale_group(other, Duration::ZERO, SETTLE).unwrap());
     assert!(
         !dead(group.pgid),
         "a process that is not the recorded one was killed"
@@ -558,5 +579,5 @@ fn kill_stale_group_should_spare_a_group_whose_leader_started_at_another_time() 
     // A group that exited is nothing to kill.
     let (mut gone, group) = group_leader("true");
     gone.wait().unwrap();
-    assert!(!kill_stale_group(group, SETTLE).unwrap());
+    assert!(!kill_stale_group(group, Duration::ZERO, SETTLE).unwrap());
 }

@@ -13,7 +13,7 @@ static KILLED: Mutex<Vec<Group>> = Mutex::new(Vec::new());
 /// The pgid the fake killer cannot kill.
 const SURVIVOR: i32 = 999_001;
 
-fn fake_kill(group: Group, _wait: Duration) -> std::io::Result<bool> {
+fn fake_kill(group: Group, _deadline: Duration, _wait: Duration) -> std::io::Result<bool> {
     KILLED.lock().unwrap().push(group);
     if group.pgid == SURVIVOR {
         return Err(std::io::Error::other("members still alive"));

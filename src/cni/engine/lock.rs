@@ -214,6 +214,7 @@ impl Drop for ContainerLock<'_> {
 pub(super) fn clear_marker(
     markers: &Markers,
     kill: KillGroup,
+    plugin_timeout: Duration,
     id: &str,
     held: &Held,
 ) -> Result<(), (i32, std::io::Error)> {
@@ -226,7 +227,7 @@ pub(super) fn clear_marker(
         }
     };
     match marker.state {
-        MarkerState::Running(group) => match kill(group, STALE_GROUP_WAIT) {
+        MarkerState::Running(group) => match kill(group, plugin_timeout, STALE_GROUP_WAIT) {
             Ok(true) => {
                 tracing::warn!(container_id = %id, pgid = group.pgid, "killed plugins an earlier plexusd left running")
             }
@@ -511,9 +512,10 @@ impl Engine {
     async fn clear_stale(&self, id: &str, file: Held) -> Result<Held, Error> {
         let markers = self.markers.clone();
         let kill = self.kill_group;
+        let timeout = self.config.plugin_timeout;
         let cid = id.to_string();
         let (file, cleared) = blocking(move || {
-            let r = clear_marker(&markers, kill, &cid, &file);
+            let r = clear_marker(&markers, kill, timeout, &cid, &file);
             (file, r)
         })
         .await?;

@@ -94,7 +94,7 @@ pub const DEFAULT_PLUGIN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Kills a plugin group an earlier daemon left ([`exec::kill_stale_group`];
 /// unit tests put a fake in its place).
-type KillGroup = fn(Group, Duration) -> std::io::Result<bool>;
+type KillGroup = fn(Group, Duration, Duration) -> std::io::Result<bool>;
 
 /// The engine's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,7 +35,13 @@ impl Engine {
                     continue;
                 }
             };
-            if let Err((pgid, e)) = clear_marker(&self.markers, self.kill_group, &id, &held) {
+            if let Err((pgid, e)) = clear_marker(
+                &self.markers,
+                self.kill_group,
+                self.config.plugin_timeout,
+                &id,
+                &held,
+            ) {
                 tracing::error!(container_id = %id, pgid, cause = %e, "a plugin process group left by an earlier plexusd survived SIGKILL; calls for this container fail until it is gone");
             }
             for t in temps {

@@ -95,12 +95,27 @@ fn live_members(group: Group) -> Vec<i32> {
 /// so the recorded group is gone and nothing is killed. A pgid below 2 is
 /// refused (InvalidInput): no plugin has it, and kill(-1) would signal every
 /// process.
-pub fn kill_stale_group(group: Group, wait: Duration) -> io::Result<bool> {
+///
+/// Before any signal, the group is let finish on its own while its leader
+/// is younger than `deadline` (the `pluginTimeout` the earlier daemon ran
+/// it with), for [`LET_FINISH`] at most: a plugin killed mid-way can leave
+/// what no DEL finds, such as host-local's reservation file created and
+/// not yet written (its `Reserve` creates the file, then writes the
+/// container id in it), and a plugin's call ends within milliseconds.
+pub fn kill_stale_group(group: Group, deadline: Duration, wait: Duration) -> io::Result<bool> {
     if group.pgid <= 1 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("{} is not a plugin's process group id", group.pgid),
         ));
+    }
+    if let Some(age) = age_of(group) {
+        let until = std::time::Instant::now() + deadline.saturating_sub(age).min(LET_FINISH);
+        while std::time::Instant::now() < until && !live_members(group).is_empty() {
+            // A plugin ends within milliseconds, a hung one at the
+            // deadline: this bounds how often /proc is scanned meanwhile.
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
     let leader_is_ours = match read_stat(group.pgid) {
         Some(s) if s.start_time == group.start_time => true,
@@ -140,6 +155,32 @@ pub fn kill_stale_group(group: Group, wait: Duration) -> io::Result<bool> {
         // often /proc is scanned meanwhile.
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// The longest a stale group is let finish before it is killed: start-up
+/// (which clears every stale group before serving) waits no longer.
+pub const LET_FINISH: Duration = Duration::from_secs(5);
+
+/// How long ago the group's leader started (its start time against the
+/// boot clock), when its leader still runs as recorded.
+fn age_of(group: Group) -> Option<Duration> {
+    let stat = read_stat(group.pgid)?;
+    if stat.start_time != group.start_time {
+        return None;
+    }
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf(3) reads a constant of the system; no memory is involved.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks <= 0 {
+        return None;
+    }
+    let started = group.start_time as f64 / ticks as f64;
+    Some(Duration::from_secs_f64((uptime - started).max(0.0)))
 }
 
 /// SIGKILL to `pid` through a pidfd, after checking (on that pidfd's

@@ -256,12 +256,15 @@ fn split_rule(line: &str) -> Vec<String> {
     out
 }
 
-/// The host's iptables `CNI-` chains and the rules in or into them as
-/// they were; on drop, whatever the plugins added to them since (the
-/// chains portmap and firewall create once per host and keep) is
-/// removed.
+/// The host's iptables rules as they were; on drop, the `CNI-` rules
+/// added since that name something of this test ([`IptablesGuard::mark`]:
+/// its container id, address, chains) are removed, then the chains
+/// created since that are left empty, with the rules jumping to them.
+/// Other tests' rules stay, in chains portmap and firewall share between
+/// every container of the host (CNI-HOSTPORT-DNAT, CNI-FORWARD...).
 struct IptablesGuard {
     before: Vec<(&'static str, &'static str, Vec<String>)>,
+    marks: Vec<String>,
 }
 
 impl IptablesGuard {
@@ -275,13 +278,23 @@ impl IptablesGuard {
                 before.push((program, table, rules_of(program, table)));
             }
         }
-        IptablesGuard { before }
+        IptablesGuard {
+            before,
+            marks: Vec::new(),
+        }
+    }
+
+    /// Rules that contain `text` are this test's.
+    fn mark(&mut self, text: &str) {
+        self.marks.push(text.to_string());
     }
 }
 
 impl Drop for IptablesGuard {
     fn drop(&mut self) {
-        let cni = |line: &str| line.contains(" CNI-");
+        let mine = |line: &str| {
+            line.contains(" CNI-") && self.marks.iter().any(|m| line.contains(m.as_str()))
+        };
         for (program, table, before) in &self.before {
             let ipt = |args: &[&str]| {
                 let _ = Command::new(program)
@@ -289,22 +302,35 @@ impl Drop for IptablesGuard {
                     .args(args)
                     .output();
             };
-            let now = rules_of(program, table);
-            let added: Vec<&String> = now
-                .iter()
-                .filter(|l| !before.contains(l) && cni(l))
-                .collect();
-            for rule in added.iter().rev().filter(|l| l.starts_with("-A ")) {
+            let delete = |rule: &str| {
                 let mut args = split_rule(rule);
                 args[0] = "-D".into();
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 ipt(&args);
+            };
+            let now = rules_of(program, table);
+            let added: Vec<&String> = now.iter().filter(|l| !before.contains(l)).collect();
+            for rule in added
+                .iter()
+                .rev()
+                .filter(|l| l.starts_with("-A ") && mine(l))
+            {
+                delete(rule);
             }
+            // Chains made since that nobody uses now, and the jumps to them.
             let chains: Vec<&str> = added.iter().filter_map(|l| l.strip_prefix("-N ")).collect();
-            for chain in &chains {
-                ipt(&["-F", chain]);
-            }
-            for chain in &chains {
+            let now = rules_of(program, table);
+            for chain in chains {
+                if now.iter().any(|l| l.starts_with(&format!("-A {chain} "))) {
+                    continue;
+                }
+                let jump = format!("-j {chain}");
+                for rule in now
+                    .iter()
+                    .filter(|l| !before.contains(l) && l.ends_with(&jump))
+                {
+                    delete(rule);
+                }
                 ipt(&["-X", chain]);
             }
         }
@@ -357,7 +383,7 @@ fn portmap_and_firewall_should_make_and_remove_their_iptables_rules() {
     let subnet = Subnet::new();
     let network = format!("ipt-{}", bridge.name);
     let store = CniDirs::new(&network);
-    let _iptables = IptablesGuard::new();
+    let mut iptables = IptablesGuard::new();
     let ns = Netns::new();
     let Some(p) = Plexus::start(json!({})) else {
         return;
@@ -365,6 +391,7 @@ fn portmap_and_firewall_should_make_and_remove_their_iptables_rules() {
     let host_port =
         20000 + (std::process::id() % 20000) as u16 + PORTS.fetch_add(1, Ordering::Relaxed);
     let id = format!("ipt-{}", ns.name);
+    iptables.mark(&id);
     p.serve_network(
         json!({"cniVersion": "1.0.0", "name": network, "plugins": [
             {"type": "bridge", "bridge": bridge.name,
@@ -383,6 +410,7 @@ fn portmap_and_firewall_should_make_and_remove_their_iptables_rules() {
     assert!(subnet.holds(&addr), "{addr}");
     assert!(store.holds(&addr));
     let ip4 = bare(&addr).to_string();
+    iptables.mark(&format!("{ip4}/32"));
 
     // portmap: CNI-HOSTPORT-DNAT sends the host port to the container's
     // own CNI-DN- chain, which DNATs it to the container.
@@ -393,6 +421,7 @@ fn portmap_and_firewall_should_make_and_remove_their_iptables_rules() {
         .find(|l| l.starts_with("-A CNI-DN-") && l.contains(&dnat))
         .map(|l| split_rule(l)[1].clone())
         .unwrap_or_else(|| panic!("no CNI-DN- rule with {dnat:?} in the nat table:\n{nat:#?}"));
+    iptables.mark(&dn_chain);
     assert!(
         nat.iter().any(|l| l.starts_with("-A CNI-HOSTPORT-DNAT")
             && l.contains(&id)

@@ -809,13 +809,24 @@ fn shim_sockets(state: &Path) -> Vec<PathBuf> {
 
 /// The interfaces in the network namespace `netns` (a file).
 pub fn ifaces_in(netns: &str) -> Vec<Iface> {
+    try_ifaces_in(netns).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`ifaces_in`], with an error naming the namespace when it cannot be
+/// entered (it may be gone).
+pub fn try_ifaces_in(netns: &str) -> Result<Vec<Iface>, String> {
     let out = Command::new("nsenter")
         .arg(format!("--net={netns}"))
         .args(["ip", "-j", "addr", "show"])
         .output()
-        .unwrap();
-    assert!(out.status.success(), "nsenter --net={netns}: {out:?}");
-    parse_addr_json(&String::from_utf8_lossy(&out.stdout))
+        .map_err(|e| format!("nsenter: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nsenter --net={netns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(parse_addr_json(&String::from_utf8_lossy(&out.stdout)))
 }
 
 /// The IPv4 addresses (`a.b.c.d/len`) of `ifname` in `netns`.

@@ -15,9 +15,9 @@ use serde_json::Value;
 use super::kubelet::LivePod;
 use super::node::NETS;
 use super::World;
-use crate::support::containerd::Pod;
+use crate::support::containerd::{try_ifaces_in, Pod};
 use crate::support::cri_client::SANDBOX_READY;
-use crate::support::netns::{bridge_ports, parse_addr_json};
+use crate::support::netns::bridge_ports;
 
 /// Interface -> its IPv4 addresses (bare), sorted.
 pub type Addrs = BTreeMap<String, BTreeSet<String>>;
@@ -29,18 +29,7 @@ fn bare(a: &str) -> String {
 /// The interfaces but `lo` in the namespace file `netns` with their IPv4
 /// addresses; an error when it cannot be entered.
 pub fn in_netns(netns: &str) -> Result<Addrs, String> {
-    let out = Command::new("nsenter")
-        .arg(format!("--net={netns}"))
-        .args(["ip", "-j", "addr", "show"])
-        .output()
-        .map_err(|e| format!("nsenter: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "nsenter --net={netns}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(parse_addr_json(&String::from_utf8_lossy(&out.stdout))
+    Ok(try_ifaces_in(netns)?
         .into_iter()
         .filter(|i| i.name != "lo")
         .map(|i| {

@@ -27,6 +27,8 @@ const NAMESPACES: usize = 1_000;
 /// The budget of the NAD cache at 10,000 NADs.
 const NAD_CACHE_BUDGET_KIB: u64 = 2 * 1024;
 const READY_BUDGET: Duration = Duration::from_secs(1);
+/// Idle memory of a Kubernetes-mode plexusd once READY (VmRSS).
+const IDLE_K8S_GOAL_KIB: u64 = 10 * 1024;
 
 struct Case {
     label: &'static str,
@@ -407,6 +409,14 @@ pub fn large_cluster(sec: &mut Section, c: &Counts) {
             cost.map(|c| c < budget as i64),
         ));
     }
+    sec.target(Target::new(
+        &format!(
+            "plexusd idle RSS in Kubernetes mode: READY, no NADs, {PODS_ON_NODE} pods on this node"
+        ),
+        &format!("< {} MiB", IDLE_K8S_GOAL_KIB / 1024),
+        base_rss.map_or("n/a".into(), mib),
+        base_rss.map(|r| r < IDLE_K8S_GOAL_KIB),
+    ));
     for (k, nads) in [(1, "10,000"), (3, "100,000")] {
         let r = ready_max(k);
         sec.target(Target::new(

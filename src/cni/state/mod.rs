@@ -30,6 +30,8 @@ mod lock;
 mod marker;
 mod record;
 mod spare;
+#[cfg(test)]
+mod spare_tests;
 mod store;
 
 use std::io;

@@ -20,7 +20,7 @@ pub struct Store {
     dir: PathBuf,
     /// Files kept for the next writes, so that a write creates no file and
     /// a removal frees none (see `spare.rs`).
-    spares: Spares,
+    pub(super) spares: Spares,
 }
 
 impl Store {

@@ -51,6 +51,7 @@ pub(super) fn write_atomically(
     let write = || -> io::Result<()> {
         use std::os::unix::fs::FileExt;
         if sync {
+            room_for(&file, body.len())?;
             file.write_all_at(body, 0)?;
             file.set_len(body.len() as u64)?;
             file.sync_all()
@@ -129,6 +130,26 @@ fn open_spare(spares: &Spares) -> Result<(PathBuf, File), Error> {
         .open(&spare)
         .map_err(io_error(&spare, "cannot create the temporary file"))?;
     Ok((spare, f))
+}
+
+/// ENOSPC unless the file system of `file` has room for `len` new bytes:
+/// a synced write (an ADD's, before its plugins read their configuration)
+/// fails on a full disk as it did when it made a new file, even when the
+/// spare's own blocks could hold it, so that no plugin runs on a full
+/// state directory.
+fn room_for(file: &File, len: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstatvfs(3) fills the struct we own, on a descriptor `file`
+    // owns.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) } != 0 {
+        return Ok(());
+    }
+    let free = u128::from(st.f_bfree) * u128::from(st.f_frsize);
+    if st.f_blocks > 0 && free < len.max(1) as u128 {
+        return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+    }
+    Ok(())
 }
 
 /// Starts writing `file`'s dirty pages out without waiting for them

@@ -224,6 +224,11 @@ impl Engine {
             });
         // Nothing writes the record again before its sync is done.
         if let Err(e) = synced.done().await {
+            // The gate held this network's first plugin before it read a
+            // byte of its configuration: nothing of the network ran, so
+            // the rollback has nothing of it to undo (and, on a full disk,
+            // could not note a plugin's group to try).
+            record.attachments[slot].delegates[i].state = State::Pending;
             let partial = added.err().and_then(|(_, partial)| partial);
             return Err(self.roll_back(inv, record, slot, i, partial, e).await);
         }

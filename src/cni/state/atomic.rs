@@ -1,14 +1,15 @@
-//! Atomic writes and careful reads of the state's files: a temporary
-//! file renamed over its target (synced when asked), reads that never
+//! Atomic writes and careful reads of the state's files: a spare file
+//! written and renamed over its target (synced when asked), reads that never
 //! follow a symbolic link nor wait on a FIFO, and moving a damaged file
 //! aside as it is.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::spare::{rename2, unsupported, Spares};
 use super::{io_error, Error};
 use crate::names::is_valid_name;
 
@@ -27,40 +28,143 @@ pub(super) fn sync_dir(dir: &Path) -> Result<(), Error> {
         .map_err(io_error(dir, "cannot sync the directory"))
 }
 
-/// Writes `body` to `tmp` (replacing a leftover of the same name, never
-/// following a symbolic link) and renames it over `path`.
+/// Writes `body` to `path` atomically: into a spare file of `spares`
+/// (a new one when the pool is empty), which then takes the place of the
+/// record by rename. When `path` is a regular file, the two are exchanged
+/// (`RENAME_EXCHANGE`), and the replaced file goes back to the pool under
+/// the spare's name: no inode is allocated or freed.
+///
+/// A `sync` write is written over the spare's blocks, cut to its length
+/// and fsynced before the exchange. Any other write first cuts the spare
+/// to nothing and, once written, starts its writeback before the exchange
+/// (as ext4's `auto_da_alloc` does for a rename over a file): its blocks
+/// are new, so a journaling file system commits them before the rename,
+/// and after a power loss the name holds the old record or the new one,
+/// never a spare's earlier content.
 pub(super) fn write_atomically(
-    tmp: &Path,
+    spares: &Spares,
     path: &Path,
     body: &[u8],
     sync: bool,
 ) -> Result<(), Error> {
+    let (spare, file) = open_spare(spares)?;
     let write = || -> io::Result<()> {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(tmp)?;
-        f.write_all(body)?;
+        use std::os::unix::fs::FileExt;
         if sync {
-            f.sync_all()?;
+            room_for(&file, body.len())?;
+            file.write_all_at(body, 0)?;
+            file.set_len(body.len() as u64)?;
+            file.sync_all()
+        } else {
+            file.set_len(0)?;
+            file.write_all_at(body, 0)?;
+            start_writeback(&file);
+            Ok(())
         }
-        Ok(())
     };
     if let Err(e) = write() {
-        let _ = fs::remove_file(tmp);
-        return Err(io_error(tmp, "cannot write the temporary file")(e));
+        spares.put(spare);
+        return Err(io_error(path, "cannot write the temporary file")(e));
     }
-    if let Err(e) = fs::rename(tmp, path) {
-        let _ = fs::remove_file(tmp);
-        return Err(io_error(path, "cannot rename into place")(e));
+    drop(file);
+    install(spares, spare, path).map_err(io_error(path, "cannot rename into place"))
+}
+
+/// Renames `spare` to `path`: exchanged with a regular file there (the old
+/// one goes back to the pool), else a rename that replaces nothing, else
+/// (a symbolic link, a special file: never kept) a plain rename over it.
+fn install(spares: &Spares, spare: PathBuf, path: &Path) -> io::Result<()> {
+    let flags = match fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => libc::RENAME_EXCHANGE,
+        Ok(_) => 0,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => libc::RENAME_NOREPLACE,
+        Err(e) => {
+            spares.put(spare);
+            return Err(e);
+        }
+    };
+    let r = match rename2(&spare, path, flags) {
+        Ok(()) if flags == libc::RENAME_EXCHANGE => {
+            spares.put(spare);
+            return Ok(());
+        }
+        Err(e) if flags != 0 && unsupported(&e) => fs::rename(&spare, path),
+        // Made meanwhile, or gone meanwhile: only a file the lock's holder
+        // does not know of; a plain rename, as before there were spares.
+        Err(e)
+            if flags != 0
+                && e.raw_os_error()
+                    .is_some_and(|c| c == libc::EEXIST || c == libc::ENOENT) =>
+        {
+            fs::rename(&spare, path)
+        }
+        r => r,
+    };
+    if r.is_err() {
+        spares.put(spare);
+    }
+    r
+}
+
+/// A spare of `spares` opened for writing, or a new one: never through a
+/// symbolic link, never waiting on a FIFO, only a regular file. A spare
+/// that vanished or is anything else is forgotten and left as it is.
+fn open_spare(spares: &Spares) -> Result<(PathBuf, File), Error> {
+    while let Some(spare) = spares.take() {
+        let opened = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&spare);
+        if let Ok(f) = opened {
+            if f.metadata().is_ok_and(|m| m.is_file()) {
+                return Ok((spare, f));
+            }
+        }
+    }
+    let spare = spares.fresh_name();
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&spare)
+        .map_err(io_error(&spare, "cannot create the temporary file"))?;
+    Ok((spare, f))
+}
+
+/// ENOSPC unless the file system of `file` has room for `len` new bytes:
+/// a synced write (an ADD's, before its plugins read their configuration)
+/// fails on a full disk as it did when it made a new file, even when the
+/// spare's own blocks could hold it, so that no plugin runs on a full
+/// state directory.
+fn room_for(file: &File, len: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstatvfs(3) fills the struct we own, on a descriptor `file`
+    // owns.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) } != 0 {
+        return Ok(());
+    }
+    let free = u128::from(st.f_bfree) * u128::from(st.f_frsize);
+    if st.f_blocks > 0 && free < len.max(1) as u128 {
+        return Err(io::Error::from_raw_os_error(libc::ENOSPC));
     }
     Ok(())
 }
 
-/// Temporary files in `dir` named `.<id>.<n>.<n>.tmp`, as (id, path).
+/// Starts writing `file`'s dirty pages out without waiting for them
+/// (sync_file_range(2), SYNC_FILE_RANGE_WRITE): the file system allocates
+/// their blocks now. Best effort: without it the write is still atomic.
+fn start_writeback(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain syscall on a descriptor `file` owns.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+/// Temporary files in `dir` named `.<id>.<n>.<n>.tmp`, as (id, path):
+/// what an earlier plexusd, which wrote records through them, left.
 pub(super) fn temp_files_in(dir: &Path) -> Vec<(String, PathBuf)> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::atomic::create_private_dir;
+use super::marker::blank;
+use super::spare::{rename2, unsupported, Spares};
 use super::{io_error, Error};
 use crate::names::is_valid_name;
 
@@ -22,6 +24,10 @@ const GC_LOCK: &str = ".gc.lock";
 #[derive(Debug)]
 pub struct Locks {
     dir: PathBuf,
+    /// Lock files given up by containers that have no record any more,
+    /// their markers blanked, kept for the next new container (see
+    /// `spare.rs`).
+    spares: Arc<Spares>,
 }
 
 /// A held lock, released when dropped (its descriptor closes).
@@ -31,14 +37,24 @@ pub struct Held {
     /// [`Markers`](super::Markers), which keeps the running plugin's group in it.
     pub(super) file: Arc<File>,
     pub(super) path: PathBuf,
+    /// Where the file goes when it is given up; None for the GC lock.
+    spares: Option<Arc<Spares>>,
 }
 
 impl Held {
-    /// Removes the lock file while still holding it, then releases it.
-    /// Safe because every taker checks, once it holds a lock, that the
-    /// path still names the file it locked, and starts over if not.
+    /// Takes the lock file away from its name while still holding it, then
+    /// releases it: its marker is blanked (whatever it named, no later
+    /// holder of the file may act on it) and it is renamed to a spare for
+    /// a later container's lock, or unlinked when the pool is full or the
+    /// blanking or the rename fails (an unlink needs no space). Safe
+    /// because every taker checks, once it holds a lock, that the path
+    /// still names the file it locked, and starts over if not.
     pub fn unlink(self) -> Result<(), Error> {
-        match fs::remove_file(&self.path) {
+        let result = match &self.spares {
+            Some(spares) if blank(&self.file).is_ok() => spares.retire(&self.path),
+            _ => fs::remove_file(&self.path),
+        };
+        match result {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(io_error(&self.path, "cannot remove the lock file")(e)),
@@ -55,7 +71,20 @@ impl Locks {
     pub fn open(state_dir: &Path) -> Result<Self, Error> {
         let dir = state_dir.join("locks");
         create_private_dir(&dir)?;
-        Ok(Self { dir })
+        let spares = Arc::new(Spares::new(dir.clone()));
+        // A dead daemon's spares are blank already; blanked again all the
+        // same, so that no marker can come back with one.
+        spares.adopt(|path| {
+            let f = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(path)?;
+            if !f.metadata()?.is_file() {
+                return Err(io::ErrorKind::InvalidInput.into());
+            }
+            blank(&f)
+        });
+        Ok(Self { dir, spares })
     }
 
     fn path(&self, container_id: &str) -> PathBuf {
@@ -64,14 +93,24 @@ impl Locks {
 
     /// Locks container `container_id`, waiting as long as it takes.
     pub fn lock(&self, container_id: &str) -> Result<Held, Error> {
-        acquire(&self.path(container_id), libc::LOCK_EX, true)
+        acquire(
+            &self.path(container_id),
+            libc::LOCK_EX,
+            true,
+            Some(&self.spares),
+        )
     }
 
     /// Locks container `container_id` if nobody holds it; `None` if
     /// someone does.
     pub fn try_lock(&self, container_id: &str) -> Result<Option<Held>, Error> {
         let path = self.path(container_id);
-        match acquire(&path, libc::LOCK_EX | libc::LOCK_NB, false) {
+        match acquire(
+            &path,
+            libc::LOCK_EX | libc::LOCK_NB,
+            false,
+            Some(&self.spares),
+        ) {
             Ok(h) => Ok(Some(h)),
             Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => Ok(None),
             Err(e) => Err(e),
@@ -80,12 +119,12 @@ impl Locks {
 
     /// The lock every operation holds shared while it runs.
     pub fn gc_shared(&self) -> Result<Held, Error> {
-        acquire(&self.dir.join(GC_LOCK), libc::LOCK_SH, true)
+        acquire(&self.dir.join(GC_LOCK), libc::LOCK_SH, true, None)
     }
 
     /// The lock the plugins' GC holds exclusively.
     pub fn gc_exclusive(&self) -> Result<Held, Error> {
-        acquire(&self.dir.join(GC_LOCK), libc::LOCK_EX, true)
+        acquire(&self.dir.join(GC_LOCK), libc::LOCK_EX, true, None)
     }
 
     /// Container ids that have a lock file.
@@ -104,20 +143,14 @@ impl Locks {
     }
 }
 
-/// Opens (creating it 0600, never through a symbolic link) and flocks
-/// `path`. Without LOCK_NB it tries a non-blocking lock first, then waits.
-/// With LOCK_NB, a lock held elsewhere is an `Io` error of kind
-/// `WouldBlock`.
-fn acquire(path: &Path, op: i32, wait: bool) -> Result<Held, Error> {
+/// Opens (never through a symbolic link) and flocks `path`: when it does
+/// not exist, a spare of `spares` is renamed to it (never over a file made
+/// meanwhile), else it is created (0600). Without LOCK_NB it tries a
+/// non-blocking lock first, then waits. With LOCK_NB, a lock held
+/// elsewhere is an `Io` error of kind `WouldBlock`.
+fn acquire(path: &Path, op: i32, wait: bool, spares: Option<&Arc<Spares>>) -> Result<Held, Error> {
     loop {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
+        let file = open_lock_file(path, spares.map(|s| &**s))
             .map_err(io_error(path, "cannot open the lock file"))?;
         let taken = flock(&file, op | libc::LOCK_NB).map_err(io_error(path, "cannot lock"))?;
         if !taken {
@@ -128,9 +161,11 @@ fn acquire(path: &Path, op: i32, wait: bool) -> Result<Held, Error> {
             }
             flock(&file, op).map_err(io_error(path, "cannot lock"))?;
         }
-        // The previous holder may have unlinked the file (the container's
-        // record went away), and someone may have made a new one since: a
-        // lock on an unlinked file excludes nobody, so start over.
+        // The previous holder may have taken the file away from its name
+        // (the container's record went away; the file may even be back
+        // under it, as a spare taken for the same container), and someone
+        // may have made a new one since: a lock on a file the path does
+        // not name excludes nobody, so start over.
         let mine = file
             .metadata()
             .map_err(io_error(path, "cannot stat the lock file"))?;
@@ -139,11 +174,59 @@ fn acquire(path: &Path, op: i32, wait: bool) -> Result<Held, Error> {
                 return Ok(Held {
                     file: Arc::new(file),
                     path: path.to_path_buf(),
+                    spares: spares.cloned(),
                 })
             }
             Ok(_) => continue,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(io_error(path, "cannot look up the lock file")(e)),
+        }
+    }
+}
+
+/// The lock file `path`, opened read-write without following a symbolic
+/// link; a missing one is a spare renamed to it, or a new file.
+fn open_lock_file(path: &Path, spares: Option<&Spares>) -> io::Result<File> {
+    let open = |create: bool| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+    };
+    let Some(spares) = spares else {
+        return open(true);
+    };
+    loop {
+        match open(false) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            r => return r,
+        }
+        let Some(spare) = spares.take() else {
+            return open(true);
+        };
+        // Only a regular file is ever given a lock's name.
+        if !fs::symlink_metadata(&spare).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        match rename2(&spare, path, libc::RENAME_NOREPLACE) {
+            // Opened at the top of the loop: it may be gone again already.
+            Ok(()) => {}
+            // Someone made it meanwhile: open theirs, keep the spare.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => spares.put(spare),
+            // The spare is gone: try the next.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) if unsupported(&e) => {
+                spares.put(spare);
+                return open(true);
+            }
+            Err(e) => {
+                spares.put(spare);
+                return Err(e);
+            }
         }
     }
 }

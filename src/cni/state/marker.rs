@@ -206,7 +206,7 @@ impl Default for Markers {
 /// slot (a longer one is an older daemon's or damaged). Writes over the
 /// block the file already holds; a file that never held a marker is left
 /// empty (nothing to empty, and no space to take).
-fn blank(file: &File) -> io::Result<()> {
+pub(super) fn blank(file: &File) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     let len = file.metadata()?.len();
     if len == 0 {

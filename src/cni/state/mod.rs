@@ -10,14 +10,16 @@
 //!   falls back to the configured networks for it.
 //! - `locks/<id>.lock`: flock'ed by every plexusd on this stateDir across
 //!   each read-modify-write of the container's record and the plugin runs
-//!   of that operation; unlinked (while held) once the record is gone.
+//!   of that operation; taken away from its name (while held, its marker
+//!   blanked, kept as a spare) once the record is gone.
 //!   `locks/.gc.lock` is held shared by every operation and exclusively by
 //!   the plugins' GC. While a plugin of the container runs, the lock file
 //!   holds its process group ([`Markers`]), so that a daemon started after
 //!   a crash can kill what the crashed one left.
 //!
-//! Writes are atomic: a temporary file in the same directory, renamed over
-//! the target. A [`Durability::Synced`] write also fsyncs the file before the
+//! Writes are atomic: a file in the same directory (a spare one, kept
+//! from an earlier write or removal, so that no inode is allocated or
+//! freed per call), renamed over the target. A [`Durability::Synced`] write also fsyncs the file before the
 //! rename and the directory after it; docs/records.md says which writes need
 //! that and why the others are safe without it. Readers ([`Store::at`],
 //! [`Store::load`], [`Store::list`]) never write anything. All functions
@@ -27,6 +29,9 @@ mod atomic;
 mod lock;
 mod marker;
 mod record;
+mod spare;
+#[cfg(test)]
+mod spare_tests;
 mod store;
 
 use std::io;

@@ -4,13 +4,13 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::atomic::{
     create_private_dir, move_aside, read_regular, sync_dir, temp_files_in, write_atomically,
     Unreadable,
 };
 use super::record::{parse, MAX_RECORD_BYTES};
+use super::spare::Spares;
 use super::{io_error, Durability, Error, Record, RECORD};
 use crate::names::is_valid_name;
 
@@ -18,7 +18,9 @@ use crate::names::is_valid_name;
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
-    seq: AtomicU64,
+    /// Files kept for the next writes, so that a write creates no file and
+    /// a removal frees none (see `spare.rs`).
+    pub(super) spares: Spares,
 }
 
 impl Store {
@@ -37,15 +39,18 @@ impl Store {
                 }
             }
         }
+        // What a daemon no longer running kept: reused, not left behind.
+        store.spares.adopt(|_| Ok(()));
         Ok(store)
     }
 
     /// A read-only view of `<state_dir>/attachments`: creates nothing, and
     /// a missing directory simply holds no records.
     pub fn at(state_dir: &Path) -> Self {
+        let dir = state_dir.join("attachments");
         Self {
-            dir: state_dir.join("attachments"),
-            seq: AtomicU64::new(0),
+            spares: Spares::new(dir.clone()),
+            dir,
         }
     }
 
@@ -100,13 +105,6 @@ impl Store {
         }
         let synced = durability == Durability::Synced;
         let path = self.path(&record.container_id);
-        // The pid and a counter make the name unique among live writers.
-        let tmp = self.dir.join(format!(
-            ".{}.{}.{}.tmp",
-            record.container_id,
-            std::process::id(),
-            self.seq.fetch_add(1, Ordering::Relaxed)
-        ));
         // A Record is strings, maps and JSON values: it always serialises.
         let body = serde_json::to_vec(record).unwrap_or_default();
         // What could not be read back would count as damaged.
@@ -118,17 +116,20 @@ impl Store {
                 )),
             ));
         }
-        write_atomically(&tmp, &path, &body, synced)?;
+        write_atomically(&self.spares, &path, &body, synced)?;
         if synced {
             sync_dir(&self.dir)?;
         }
         Ok(())
     }
 
-    /// Removes the record of `container_id` (no error when absent).
+    /// Removes the record of `container_id` (no error when absent): its
+    /// file becomes a spare for a later write, or is unlinked when the
+    /// pool is full or the rename finds no space. Either needs no new
+    /// space.
     pub fn remove(&self, container_id: &str, durability: Durability) -> Result<(), Error> {
         let path = self.path(container_id);
-        match fs::remove_file(&path) {
+        match self.spares.retire(&path) {
             Ok(()) if durability == Durability::Synced => sync_dir(&self.dir),
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -158,8 +159,9 @@ impl Store {
         Ok(ids)
     }
 
-    /// Temporary files of record writes, as (container id, path): after a
-    /// crash, the ones whose container is not locked are leftovers.
+    /// Temporary files of record writes, as (container id, path), which
+    /// earlier plexusd versions wrote through: the ones whose container is
+    /// not locked are leftovers. (Records are now written through spares.)
     pub fn temp_files(&self) -> Vec<(String, PathBuf)> {
         temp_files_in(&self.dir)
     }
@@ -214,7 +216,13 @@ mod tests {
         r.attachments.clear();
         store.save(&r, Durability::Atomic).unwrap();
         assert!(store.load("c1").unwrap().is_none());
-        assert!(fs::read_dir(store.dir()).unwrap().next().is_none());
+        assert!(store.list().unwrap().is_empty());
+        // Only spares are left: no record, no temporary file.
+        for e in fs::read_dir(store.dir()).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            assert!(name.starts_with(".free."), "{name}");
+        }
+        assert!(store.temp_files().is_empty());
     }
 
     #[test]

@@ -192,6 +192,8 @@ pub fn list_dir(dir: &Path) -> Vec<String> {
         Ok(rd) => rd
             .filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().into_owned())
+            // plexusd's spare files (docs/records.md) are no one's.
+            .filter(|n| !n.starts_with(".free."))
             .collect(),
         Err(_) => Vec::new(),
     };

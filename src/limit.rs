@@ -136,15 +136,14 @@ pub fn default_connection_limit() -> NonZeroUsize {
 /// `deleteLimit` when the configuration leaves it out: 16, whatever the
 /// CPUs (a DEL's time is mostly the kernel's and the plugins' own locks',
 /// not a CPU's). Measured with herds of 1,000 pods (three bridge +
-/// host-local networks each) on 2 CPUs: with 32 and 64 slots the DEL herd
-/// ran no faster than with 16 (0.85x and 0.94x the plugins called
-/// directly, against 0.82-0.88x), plexusd's peak memory grew by 7 and 15
-/// MiB (a running DEL holds far more than a waiting one: its plugins'
-/// output buffers, and a blocking-pool thread with its stack and malloc
-/// arena for its file work), and 208 and 124 of the 1,000 DELs waited past
-/// `queueTimeout` and were refused: host-local's per-network lock and the
-/// kernel's RTNL lock serialise a DEL's plugins, so more DELs at once only
-/// made each of them slower.
+/// host-local networks each) on 2 busy CPUs: with 32 and 64 slots the DEL
+/// herd ran no faster than with 16 (0.85x and 0.94x the plugins called
+/// directly, against 0.82-0.88x), while plexusd's peak memory grew by 7
+/// and 15 MiB (a running DEL holds far more than a waiting one: its
+/// plugins' output buffers, and a blocking-pool thread with its stack and
+/// malloc arena for its file work). host-local's per-network lock and the
+/// kernel's RTNL lock serialise a DEL's plugins, so more DELs at once make
+/// each of them slower rather than the herd faster.
 pub fn default_delete_limit() -> NonZeroUsize {
     NonZeroUsize::new(DEFAULT_DELETE_LIMIT).unwrap_or(NonZeroUsize::MIN)
 }

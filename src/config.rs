@@ -224,6 +224,7 @@ impl Raw {
             .unwrap_or_else(limit::default_connection_limit);
         limit::Config {
             connection_limit: Some(connection_limit),
+            delete_limit: Some(NonZeroUsize::new(self.delete_limit).unwrap_or(NonZeroUsize::MIN)),
             queue_timeout: self.queue_timeout,
             max_connections: NonZeroUsize::new(self.max_connections).unwrap_or(NonZeroUsize::MIN),
         }

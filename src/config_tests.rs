@@ -78,6 +78,10 @@ fn empty_object_should_give_defaults() {
         c.limit.connection_limit,
         Some(crate::limit::default_connection_limit())
     );
+    assert_eq!(
+        c.limit.delete_limit,
+        Some(crate::limit::default_delete_limit())
+    );
     assert_eq!(c.limit.queue_timeout, DEFAULT_QUEUE_TIMEOUT);
     assert_eq!(c.limit.max_connections.get(), DEFAULT_MAX_CONNECTIONS);
     assert_eq!(c.server.read_timeout, DEFAULT_READ_TIMEOUT);
@@ -237,6 +241,29 @@ fn cleanup_keys_should_parse_with_their_bounds() {
             "cleanupGiveUpAfter"
         ]
     );
+}
+
+#[test]
+fn delete_limit_should_bound_the_del_slots_apart() {
+    let c = parse(r#"{"connectionLimit": 4, "deleteLimit": 12}"#).unwrap();
+    assert_eq!(c.limit.connection_limit.map(|n| n.get()), Some(4));
+    assert_eq!(c.limit.delete_limit.map(|n| n.get()), Some(12));
+    assert_eq!(c.limit.slots(), Some(16));
+    // connectionLimit alone leaves the DEL slots at their default.
+    let c = parse(r#"{"connectionLimit": 2}"#).unwrap();
+    assert_eq!(
+        c.limit.delete_limit,
+        Some(crate::limit::default_delete_limit())
+    );
+    for bad in [
+        r#"{"deleteLimit": 0}"#,
+        r#"{"deleteLimit": -3}"#,
+        r#"{"deleteLimit": "8"}"#,
+    ] {
+        let e = parse(bad).unwrap_err();
+        assert_eq!(e.problems.len(), 1, "{bad}: {e}");
+        assert_eq!(e.problems[0].key, "deleteLimit", "{bad}");
+    }
 }
 
 #[test]

@@ -15,7 +15,8 @@
 //!   activation  listener from systemd (LISTEN_FDS) or a safe self-bind
 //!   server      accept loop, HTTP, routes, read timeouts, graceful drain
 //!   limit       open-connection cap and CNI admission (a turn per container,
-//!               then limit + FIFO queue; accepting pauses on a deep queue)
+//!               then a slot of its pool, ADD-like or DEL-like, with a FIFO
+//!               queue; accepting pauses on a deep queue)
 //!   handler     joins the others: wire request -> validated call -> the
 //!               plan selection makes -> the engine carries it out -> answer
 //!               (and what Kubernetes learns, published by k8s)

@@ -1,6 +1,20 @@
-//! Admission control: the cap on open connections, the limit on CNI
+//! Admission control: the cap on open connections, the limits on CNI
 //! requests processed at once with a bounded FIFO wait for a slot, and the
 //! budget of request-body bytes read at once.
+//!
+//! Two pools of slots, because two kinds of calls cost the node different
+//! things. An ADD (and a CHECK or STATUS) is CPU-bound: its plugins start,
+//! read and write, and a few slots per CPU keep the CPUs busy. A DEL (and
+//! a GC, which deletes what is left over) mostly waits: for the kernel's
+//! veth teardown (RCU grace periods under the RTNL lock) and the IPAM
+//! plugin's lock, so with a low `connectionLimit` a DEL herd in the ADDs'
+//! slots ran well below the plugins' own pace, and in a mixed load a DEL
+//! queued behind ADDs. `connectionLimit` bounds the first kind
+//! ([`Slots::Setup`]), `deleteLimit` the second ([`Slots::Teardown`]);
+//! neither kind ever waits for the other's slots, so a DEL never queues
+//! behind ADDs (nor a flood of DELs takes the slots ADDs need). Both wait in one FIFO per pool, and their waiters count
+//! together towards the depth at which accepting pauses, so the memory
+//! bound (a waiting call holds about 14 KiB) is the one of one queue.
 //!
 //! Slots are taken only once a request has fully arrived, so an idle or
 //! slow client never holds one. A slot is then held by the work, not the
@@ -27,12 +41,46 @@ pub use lanes::{LaneError, LaneKey, Lanes, Turn, MAX_WAITING};
 /// Settings of this module.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// CNI requests processed at once; `None` means no limit.
+    /// ADD, CHECK and STATUS calls (every call but DEL and GC) processed at
+    /// once; `None` means no limit.
     pub connection_limit: Option<NonZeroUsize>,
+    /// DEL and GC calls processed at once, in slots of their own; `None`
+    /// means no limit.
+    pub delete_limit: Option<NonZeroUsize>,
     /// How long a request may wait for a processing slot.
     pub queue_timeout: Duration,
     /// Open client connections; past it the daemon stops accepting.
     pub max_connections: NonZeroUsize,
+}
+
+impl Config {
+    /// Slots of both pools together; `None` when either has no limit.
+    pub fn slots(&self) -> Option<usize> {
+        let setup = self.connection_limit?.get();
+        let teardown = self.delete_limit?.get();
+        Some(setup.saturating_add(teardown))
+    }
+}
+
+/// Which pool of slots a call takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slots {
+    /// `connectionLimit`: the CPU-bound calls that set up or look (ADD,
+    /// CHECK, STATUS, and anything else, refused later or not).
+    Setup,
+    /// `deleteLimit`: the calls that tear down and mostly wait on the
+    /// kernel (DEL, GC).
+    Teardown,
+}
+
+impl Slots {
+    /// The pool of a call with `CNI_COMMAND` `command`.
+    pub fn of(command: Option<&str>) -> Self {
+        match command {
+            Some("DEL" | "GC") => Self::Teardown,
+            _ => Self::Setup,
+        }
+    }
 }
 
 /// Why a request was not admitted.
@@ -48,17 +96,25 @@ pub enum Error {
 /// Gate in front of CNI work.
 #[derive(Debug, Clone)]
 pub struct Admission {
-    slots: Option<Arc<Semaphore>>,
+    setup: Option<Arc<Semaphore>>,
+    teardown: Option<Arc<Semaphore>>,
     queue_timeout: Duration,
     depth: Arc<QueueDepth>,
     metrics: Arc<Metrics>,
 }
 
-/// Requests waiting for a slot, and the depth at which the accept loops
-/// stop taking new connections: each waiting request holds its connection
-/// and buffers (about 14 KiB), while a client in the listen backlog costs
-/// the daemon nothing. A herd of 1,000 pods then takes the memory of
-/// `connectionLimit` calls plus this queue, as a herd of 250 does.
+/// Requests waiting for a slot (of either pool), and the depth at which
+/// the accept loops stop taking new connections: each waiting request
+/// holds its connection and buffers (about 14 KiB), while a client in the
+/// listen backlog costs the daemon nothing. A herd of 1,000 pods then takes
+/// the memory of the calls its slots run plus this queue, as a herd of 250
+/// does.
+///
+/// The backlog is first come, first served and a client's command is known
+/// only once its request is read, so while the queue is this deep a DEL in
+/// the backlog waits for the queue to shrink (one waiter admitted, or given
+/// up at `queueTimeout`) like any client; once read, it never waits for an
+/// ADD's slot.
 #[derive(Debug)]
 struct QueueDepth {
     now: AtomicUsize,
@@ -70,14 +126,30 @@ struct QueueDepth {
 /// `connectionLimit` when the configuration leaves it out: 8 per CPU, at
 /// least 16. Measured with herds of 250 pods (three bridge + host-local
 /// networks each) on 2 CPUs: an ADD is CPU-bound (the plugins), so a few
-/// slots per CPU keep the CPUs busy, but a DEL mostly waits (the kernel's
-/// veth teardown), and limits of 2, 4 and 8 slowed the DEL herd to
-/// 0.45-0.92x the plugins called directly, where 16 kept both at the
+/// slots per CPU keep the CPUs busy and 16 kept the ADD herd at the
 /// unlimited pace with half its peak memory (BENCHMARKS.md, 11).
 pub fn default_connection_limit() -> NonZeroUsize {
     let cpus = std::thread::available_parallelism().map_or(2, NonZeroUsize::get);
     NonZeroUsize::new(cpus.saturating_mul(8).max(16)).unwrap_or(NonZeroUsize::MIN)
 }
+
+/// `deleteLimit` when the configuration leaves it out: 16, whatever the
+/// CPUs (a DEL's time is mostly the kernel's and the plugins' own locks',
+/// not a CPU's). Measured with herds of 1,000 pods (three bridge +
+/// host-local networks each) on 2 busy CPUs: with 32 and 64 slots the DEL
+/// herd ran no faster than with 16 (0.85x and 0.94x the plugins called
+/// directly, against 0.82-0.88x), while plexusd's peak memory grew by 7
+/// and 15 MiB (a running DEL holds far more than a waiting one: its
+/// plugins' output buffers, and a blocking-pool thread with its stack and
+/// malloc arena for its file work). host-local's per-network lock and the
+/// kernel's RTNL lock serialise a DEL's plugins, so more DELs at once make
+/// each of them slower rather than the herd faster.
+pub fn default_delete_limit() -> NonZeroUsize {
+    NonZeroUsize::new(DEFAULT_DELETE_LIMIT).unwrap_or(NonZeroUsize::MIN)
+}
+
+/// The default of `deleteLimit` (see [`default_delete_limit`]).
+pub const DEFAULT_DELETE_LIMIT: usize = 16;
 
 /// Queued requests at which accepting pauses, per processing slot.
 pub const PAUSE_QUEUED_PER_SLOT: usize = 4;
@@ -123,14 +195,20 @@ impl Drop for Queued<'_> {
 }
 
 impl Admission {
+    /// The pools of `config`. Accepting pauses at a queue depth set by
+    /// `connectionLimit` alone (by `deleteLimit` when only it limits): the
+    /// queue needs only to be deep enough to keep the slots fed.
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Self {
-        let limit = config.connection_limit.map(NonZeroUsize::get);
+        let setup = config.connection_limit.map(NonZeroUsize::get);
+        let teardown = config.delete_limit.map(NonZeroUsize::get);
+        let semaphore = |n: usize| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)));
         Self {
-            slots: limit.map(|n| Arc::new(Semaphore::new(n))),
+            setup: setup.map(semaphore),
+            teardown: teardown.map(semaphore),
             queue_timeout: config.queue_timeout,
             depth: Arc::new(QueueDepth {
                 now: AtomicUsize::new(0),
-                pause_at: limit.map(|n| {
+                pause_at: setup.or(teardown).map(|n| {
                     n.saturating_mul(PAUSE_QUEUED_PER_SLOT)
                         .max(PAUSE_QUEUED_MIN)
                 }),
@@ -173,11 +251,26 @@ impl Admission {
             .await
     }
 
-    /// Waits (first come, first served) for a processing slot until
-    /// `deadline` (the end of the call's `queueTimeout`, part of which it
-    /// may have spent waiting for its container's turn).
+    /// Waits (first come, first served) for a [`Slots::Setup`] slot until
+    /// `deadline` (see [`Admission::admit_to`]).
     pub async fn admit_until(&self, deadline: tokio::time::Instant) -> Result<Permit, Error> {
-        let slot = match &self.slots {
+        self.admit_to(Slots::Setup, deadline).await
+    }
+
+    /// Waits (first come, first served among the calls of the same pool)
+    /// for a slot of `pool` until `deadline` (the end of the call's
+    /// `queueTimeout`, part of which it may have spent waiting for its
+    /// container's turn).
+    pub async fn admit_to(
+        &self,
+        pool: Slots,
+        deadline: tokio::time::Instant,
+    ) -> Result<Permit, Error> {
+        let slots = match pool {
+            Slots::Setup => &self.setup,
+            Slots::Teardown => &self.teardown,
+        };
+        let slot = match slots {
             None => None,
             Some(slots) => match slots.clone().try_acquire_owned() {
                 Ok(p) => Some(p),
@@ -211,7 +304,7 @@ impl Admission {
 /// Descriptors kept free for everything but client connections: the
 /// daemon's own files (listeners, log, epoll, state files) and a margin.
 pub const FD_RESERVE_BASE: usize = 64;
-/// Descriptors kept free per processing slot: a plugin run holds its
+/// Descriptors kept free per processing slot (of both pools): a plugin run holds its
 /// stdin, stdout and stderr pipes (both ends while it starts), the pipe
 /// `exec` reports errors on, a lock and a record file.
 pub const FD_RESERVE_PER_SLOT: usize = 8;
@@ -243,7 +336,7 @@ impl ConnectionLimit {
     /// as far as the hard limit allows and no further than needed.
     pub fn new(config: &Config) -> Self {
         let wanted = config.max_connections.get();
-        let slots = config.connection_limit.map(NonZeroUsize::get);
+        let slots = config.slots();
         let cap = match open_files_limit(descriptors_needed(wanted, slots)) {
             Ok(nofile) => {
                 let cap = fit_to_descriptors(wanted, slots, nofile);
@@ -309,8 +402,8 @@ async fn acquire_many(semaphore: &Arc<Semaphore>, n: u32) -> OwnedSemaphorePermi
 /// Descriptors `max_connections` connections need with the reserve:
 /// `FD_RESERVE_BASE + 2 * max_connections + FD_RESERVE_PER_SLOT * slots`
 /// (each connection may be joined by one evicted to make room for it that
-/// lingers before it closes), where without a `connectionLimit` every
-/// connection may run plugins.
+/// lingers before it closes), where `slots` counts both pools and without
+/// a limit on either every connection may run plugins.
 pub fn descriptors_needed(max_connections: usize, slots: Option<usize>) -> usize {
     let slots = slots.unwrap_or(max_connections);
     FD_RESERVE_BASE
@@ -488,6 +581,7 @@ mod tests {
     fn config(limit: usize, wait_ms: u64) -> Config {
         Config {
             connection_limit: NonZeroUsize::new(limit),
+            delete_limit: NonZeroUsize::new(limit),
             queue_timeout: Duration::from_millis(wait_ms),
             max_connections: NonZeroUsize::new(8).unwrap(),
         }
@@ -551,6 +645,124 @@ mod tests {
         // Without a limit nothing queues, and accepting never pauses.
         let a = Admission::new(&config(0, 0), m);
         assert!(!a.accept_paused());
+    }
+
+    fn pools(setup: usize, teardown: usize, wait_ms: u64) -> Config {
+        Config {
+            connection_limit: NonZeroUsize::new(setup),
+            delete_limit: NonZeroUsize::new(teardown),
+            ..config(1, wait_ms)
+        }
+    }
+
+    #[test]
+    fn dels_and_gcs_should_take_the_teardown_slots() {
+        assert_eq!(Slots::of(Some("DEL")), Slots::Teardown);
+        assert_eq!(Slots::of(Some("GC")), Slots::Teardown);
+        for c in [
+            Some("ADD"),
+            Some("CHECK"),
+            Some("STATUS"),
+            Some("del"),
+            None,
+        ] {
+            assert_eq!(Slots::of(c), Slots::Setup, "{c:?}");
+        }
+        assert_eq!(pools(3, 5, 0).slots(), Some(8));
+        assert_eq!(pools(0, 5, 0).slots(), None);
+    }
+
+    #[tokio::test]
+    async fn a_del_should_not_wait_for_the_slots_adds_hold() {
+        let m = Arc::new(Metrics::new());
+        let a = Admission::new(&pools(1, 1, 60_000), m.clone());
+        let add = a.admit_to(Slots::Setup, soon()).await.unwrap();
+        // An ADD waits behind the one holding the setup slot.
+        let a2 = a.clone();
+        let queued =
+            tokio::spawn(async move { a2.admit_to(Slots::Setup, soon()).await.map(|_| ()) });
+        while m.queued.get() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Bounded, so a DEL that wrongly waits fails instead of hanging.
+        let del = tokio::time::timeout(Duration::from_secs(5), a.admit_to(Slots::Teardown, soon()))
+            .await
+            .expect("a DEL waited for an ADD's slot")
+            .unwrap();
+        assert_eq!(m.in_flight.get(), 2);
+        assert_eq!(m.queued.get(), 1);
+        drop((add, del));
+        queued.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn teardown_slots_should_be_bounded_and_leave_setup_slots_free() {
+        let m = Arc::new(Metrics::new());
+        let a = Admission::new(&pools(1, 2, 20), m.clone());
+        let dels = [
+            a.admit_to(Slots::Teardown, soon()).await.unwrap(),
+            a.admit_to(Slots::Teardown, soon()).await.unwrap(),
+        ];
+        let late = tokio::time::Instant::now() + Duration::from_millis(20);
+        let err = a.admit_to(Slots::Teardown, late).await.unwrap_err();
+        assert!(matches!(err, Error::QueueTimeout { .. }), "{err}");
+        // A flood of DELs waiting for their slots takes none of the ADDs'.
+        let mut waiting = Vec::new();
+        for k in 1..=3 {
+            let a2 = a.clone();
+            waiting.push(tokio::spawn(async move {
+                a2.admit_to(Slots::Teardown, soon()).await.map(|_| ())
+            }));
+            while m.queued.get() < k {
+                tokio::task::yield_now().await;
+            }
+        }
+        let add = tokio::time::timeout(Duration::from_secs(5), a.admit_to(Slots::Setup, soon()))
+            .await
+            .expect("an ADD waited behind DELs")
+            .unwrap();
+        assert_eq!(m.in_flight.get(), 3);
+        drop((add, dels));
+        for w in waiting {
+            w.await.unwrap().unwrap();
+        }
+        assert_eq!((m.in_flight.get(), m.queued.get()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn waiters_of_both_pools_should_count_towards_the_pause() {
+        let m = Arc::new(Metrics::new());
+        let a = Admission::new(&pools(1, 1, 60_000), m.clone());
+        let held = [
+            a.admit_to(Slots::Setup, soon()).await.unwrap(),
+            a.admit_to(Slots::Teardown, soon()).await.unwrap(),
+        ];
+        let mut waiters = Vec::new();
+        for k in 1..=PAUSE_QUEUED_MIN {
+            assert!(!a.accept_paused(), "paused at {} queued", k - 1);
+            let pool = if k % 2 == 0 {
+                Slots::Setup
+            } else {
+                Slots::Teardown
+            };
+            let a2 = a.clone();
+            waiters.push(tokio::spawn(async move {
+                a2.admit_to(pool, soon()).await.map(|_| ())
+            }));
+            while m.queued.get() < k as i64 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(a.accept_paused());
+        drop(held);
+        for w in waiters {
+            w.await.unwrap().unwrap();
+        }
+        assert!(!a.accept_paused());
+    }
+
+    fn soon() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(60)
     }
 
     #[tokio::test]

@@ -12,7 +12,9 @@
 use std::path::PathBuf;
 
 use super::fields::{kind, Fields, Read};
-use crate::{api, cni, device_info, k8s, logging, readiness_file, reconcile, selection, server};
+use crate::{
+    api, cni, device_info, k8s, limit, logging, readiness_file, reconcile, selection, server,
+};
 
 /// One key of daemon-config.json.
 #[derive(Debug, Clone, Copy)]
@@ -292,11 +294,21 @@ keys! {
             "directory of `plexus.sock` when the daemon binds it itself (without a socket from \
              systemd); must be safe from other users";
         connection_limit: Positive "connectionLimit", derived("8 per CPU, at least 16"),
-            "CNI requests processed at once. multus leaves it unlimited; this default comes from \
+            "ADD, CHECK and STATUS calls processed at once; DEL and GC calls have slots of \
+             their own (`deleteLimit`), so the two never wait for each other's. multus bounds \
+             its connections with it and leaves it unlimited; Plexus bounds the calls running \
+             plugins (a call waiting for a slot holds none, and accepting pauses once \
+             `4 × connectionLimit` calls wait, [Limits](#limits)). This default comes from \
              herds of 250 and 1,000 pods measured on 2 CPUs (BENCHMARKS.md, section 11): the \
-             herd's ADDs are CPU-bound and its DELs wait on the kernel's veth teardown, and 16 \
-             slots kept both at the pace of an unlimited daemon (and of the plugins called \
-             directly) with half its peak memory, where 2, 4 and 8 slowed the DELs";
+             herd's ADDs are CPU-bound, and 16 slots kept them at the pace of an unlimited \
+             daemon (and of the plugins called directly) with half its peak memory";
+        delete_limit: Positive "deleteLimit", value(limit::DEFAULT_DELETE_LIMIT),
+            "DEL and GC calls processed at once, in slots of their own beside \
+             `connectionLimit`'s: a DEL never waits for an ADD's slot, nor a flood of DELs \
+             takes the ADDs' slots. A DEL waits mostly for the kernel's veth teardown and the \
+             IPAM plugin's lock, not for a CPU, so its default does not follow the CPUs; more \
+             slots did not speed a 1,000-pod DEL herd up, only made each DEL slower and \
+             plexusd larger (BENCHMARKS.md, section 11). Plexus only: multus has one limit";
         queue_timeout: Duration "queueTimeout", value(super::DEFAULT_QUEUE_TIMEOUT),
             "how long a request may wait for a processing slot; then HTTP 503 with CNI error \
              code 11";

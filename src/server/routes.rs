@@ -14,7 +14,7 @@ use tracing::{info_span, warn, Instrument};
 
 use super::{Call, Failure, FailureKind, Handler, Readiness, Reply, Shared};
 use crate::api::{self, code, CniError, Command};
-use crate::limit::{BodyBytes, LaneError, LaneKey, Permit, Turn};
+use crate::limit::{BodyBytes, LaneError, LaneKey, Permit, Slots, Turn};
 use crate::metrics::{LatencyLabels, MultusLabels, RejectLabels, RequestLabels};
 
 type Body = Full<Bytes>;
@@ -407,9 +407,10 @@ async fn cni<H: Handler>(
     .await
 }
 
-/// Admits `request`: its container's turn first, then a slot, both within
-/// one queueTimeout, so a container whose calls wait for each other holds
-/// one slot at most. A client that hangs up meanwhile gives up its place
+/// Admits `request`: its container's turn first, then a slot of its
+/// command's pool (a DEL's never waits behind ADDs), both within one
+/// queueTimeout, so a container whose calls wait for each other holds one
+/// slot at most. A client that hangs up meanwhile gives up its place
 /// (this future is dropped): nothing has started yet.
 async fn admit<H>(
     shared: &Shared<H>,
@@ -438,7 +439,8 @@ async fn admit<H>(
             }
         },
     };
-    match shared.admission.admit_until(deadline).await {
+    let pool = Slots::of(request.env_var("CNI_COMMAND"));
+    match shared.admission.admit_to(pool, deadline).await {
         Ok(permit) => Ok((turn, permit)),
         Err(e) => Err(not_admitted(e)),
     }

@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::thread::JoinHandle;
 
 use base64::Engine as _;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::admission::listen_queue;
 use crate::support::cni::{
@@ -26,7 +26,9 @@ const NET: &str = "fair-net";
 /// A node with one network: bridge + host-local, then `stuck`, a fake that
 /// passes its prevResult through, except that for the `bad-*` containers
 /// its ADD and DEL first wait for `$DIR/release` (touching
-/// `$DIR/stuck.<command>` when they start).
+/// `$DIR/stuck.<command>` when they start), and for the `slowdel-*`
+/// containers its DEL waits for `$DIR/release-del` (touching
+/// `$DIR/stuck.slowdel.<container>`).
 struct Node {
     e: Engine,
     br: Link,
@@ -45,6 +47,11 @@ impl Node {
     /// too and takes part in GC, copying each GC's stdin to
     /// `$DIR/gc.<n>`.
     fn start_at(name: &str, connection_limit: u64, cni_version: &str) -> Self {
+        Self::start_with(name, connection_limit, cni_version, json!({}))
+    }
+
+    /// With the keys of `extra` set in daemon-config.json as well.
+    fn start_with(name: &str, connection_limit: u64, cni_version: &str, extra: Value) -> Self {
         let e = Engine::new(name);
         let br = Link::planned("b");
         let subnet = Subnet::new();
@@ -66,6 +73,9 @@ fi"#
   ADD/bad-*|DEL/bad-*)
     touch "$DIR/stuck.$CNI_COMMAND"
     for _ in $(seq 12000); do [ -e "$DIR/release" ] && break; sleep 0.01; done ;;
+  DEL/slowdel-*)
+    touch "$DIR/stuck.slowdel.$CNI_CONTAINERID"
+    for _ in $(seq 12000); do [ -e "$DIR/release-del" ] && break; sleep 0.01; done ;;
 esac
 if [ "$CNI_COMMAND" = ADD ]; then {}; fi
 exit 0"#,
@@ -90,6 +100,9 @@ exit 0"#,
         cfg["queueTimeout"] = "10s".into();
         let port = http::free_port("127.0.0.1");
         cfg["metricsPort"] = port.into();
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            cfg[k] = v.clone();
+        }
         let mut d = Daemon::start(&e.dir, "d", cfg);
         d.ready();
         Node {
@@ -240,8 +253,9 @@ fn a_stuck_container_should_hold_one_slot_whatever_its_retries() {
 }
 
 /// GC calls that sweep a container whose ADD hangs: the first waits for
-/// the container with a slot, the others wait for it without one, and the
-/// other pods' ADDs get the third slot.
+/// the container with a slot (a DEL and GC slot, `deleteLimit`), the
+/// others wait for it without one, and the other pods' ADDs get the
+/// remaining slots.
 #[test]
 fn a_gc_storm_should_hold_one_slot() {
     let node = Node::start("fair-gc", 3);
@@ -360,5 +374,71 @@ fn a_full_queue_should_leave_new_clients_in_the_backlog() {
         ok(d, &cni(d, "DEL", &format!("good-q{i}"), ns, "eth0"));
     }
     ok(d, &cni(d, "DEL", "bad-pause", &ns, "eth0"));
+    node.assert_clean();
+}
+
+/// A DEL takes a slot of its own pool (`deleteLimit`): with the one ADD
+/// slot (`connectionLimit` 1) held by an ADD whose plugin hangs, another
+/// pod's DEL runs at once and detaches it while the ADD still hangs. Were
+/// DELs in the ADDs' pool, it would wait for the hung ADD and be refused
+/// with code 11 after `queueTimeout`.
+#[test]
+fn a_del_should_run_while_every_add_slot_hangs() {
+    let node = Node::start("fair-delslot", 1);
+    let d = &node.d;
+    let good = Netns::new();
+    let r = ok(d, &cni(d, "ADD", "good-del", &good, "eth0"));
+    assert!(good.iface("eth0").is_some_and(|i| i.has_addr(&address(&r))));
+    let ns = Netns::new();
+    let bad = node.hung_add("bad-del", &ns);
+    assert_eq!(node.gauge("plexus_requests_in_flight"), 1.0);
+
+    ok(d, &cni(d, "DEL", "good-del", &good, "eth0"));
+    assert!(!good.has_link("eth0"), "{:?}", good.ifaces());
+    // The ADD still hangs: the DEL did not run after it.
+    assert_eq!(node.gauge("plexus_requests_in_flight"), 1.0);
+    assert!(!node.e.dir.join("release").exists());
+
+    node.release();
+    ok(d, &bad.finish());
+    ok(d, &cni(d, "DEL", "bad-del", &ns, "eth0"));
+    node.assert_clean();
+}
+
+/// DEL slots are bounded too: with `deleteLimit` 1 and a DEL whose plugin
+/// hangs, the next DEL waits (its pod keeps eth0), while a flood of DELs
+/// takes none of the ADDs' slots: another pod's ADD is served at once.
+/// Once the hung DEL ends, the waiting one runs.
+#[test]
+fn del_slots_should_be_bounded_and_leave_the_add_slots_free() {
+    let node = Node::start_with("fair-delpool", 1, "1.0.0", json!({"deleteLimit": 1}));
+    let d = &node.d;
+    let spaces = [Netns::new(), Netns::new()];
+    for (i, ns) in spaces.iter().enumerate() {
+        ok(d, &cni(d, "ADD", &format!("slowdel-{i}"), ns, "eth0"));
+    }
+    let first = Call::new("DEL", "slowdel-0", &spaces[0], "eth0").spawn(d);
+    wait_until(SETTLE, "the first DEL's plugin to hang", || {
+        node.e.dir.join("stuck.slowdel.slowdel-0").exists()
+    });
+    let second = Call::new("DEL", "slowdel-1", &spaces[1], "eth0").spawn(d);
+    node.wait_waiting(1);
+    assert_eq!(node.gauge("plexus_requests_queued"), 1.0);
+
+    let good = Netns::new();
+    let r = ok(d, &cni(d, "ADD", "good-pool", &good, "eth0"));
+    assert!(good.iface("eth0").is_some_and(|i| i.has_addr(&address(&r))));
+    // The second DEL still waits for the one DEL slot.
+    assert!(spaces[1].has_link("eth0"), "{:?}", spaces[1].ifaces());
+    assert!(!node.e.dir.join("stuck.slowdel.slowdel-1").exists());
+    assert_eq!(node.gauge("plexus_requests_queued"), 1.0);
+
+    std::fs::write(node.e.dir.join("release-del"), b"").unwrap();
+    ok(d, &first.finish());
+    ok(d, &second.finish());
+    for ns in &spaces {
+        assert!(!ns.has_link("eth0"), "{:?}", ns.ifaces());
+    }
+    ok(d, &cni(d, "DEL", "good-pool", &good, "eth0"));
     node.assert_clean();
 }

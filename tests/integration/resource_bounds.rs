@@ -440,13 +440,15 @@ fn low_nofile_should_keep_descriptors_for_plugin_runs() {
         &e.dir,
         config(
             &e,
-            json!({"maxConnections": 1024, "connectionLimit": 2, "readTimeout": "30s"}),
+            json!({"maxConnections": 1024, "connectionLimit": 2, "deleteLimit": 2,
+                   "readTimeout": "30s"}),
         ),
         128,
     );
-    // 128 - (64 + 2 * 8) descriptors for connections and as many evicted
-    // ones lingering before they close.
-    assert_eq!(metric(&d.sock, "plexus_connections_limit"), Some(24));
+    // 128 - (64 + (2 + 2) * 8) descriptors (a reserve per slot of both
+    // pools) for connections and as many evicted ones lingering before
+    // they close.
+    assert_eq!(metric(&d.sock, "plexus_connections_limit"), Some(16));
     let ns = Netns::new();
     let idle = idle_flood(&d.sock, 300);
     println!("{} idle connections opened", idle.len());
@@ -574,7 +576,7 @@ fn unit_nofile_should_cover_the_shipped_configs() {
         let path = root.join(file);
         let c = plexus::config::Config::from_json(&path, &fs::read(&path).unwrap()).unwrap();
         let max = c.limit.max_connections.get();
-        let slots = c.limit.connection_limit.map(|n| n.get());
+        let slots = c.limit.slots();
         let needed = descriptors_needed(max, slots);
         assert!(
             soft >= needed,

@@ -45,9 +45,11 @@ impl InProcess {
         // The cap plexusd would fit to this process's RLIMIT_NOFILE, so that
         // ConnectionLimit never raises the limit of the process every test
         // shares (as plexusd raises its own).
-        let max_connections = limit::fit_to_descriptors(1024, limit, soft_nofile());
+        let max_connections =
+            limit::fit_to_descriptors(1024, limit.map(|n| n.saturating_mul(2)), soft_nofile());
         let lcfg = limit::Config {
             connection_limit: limit.and_then(NonZeroUsize::new),
+            delete_limit: limit.and_then(NonZeroUsize::new),
             queue_timeout: queue,
             max_connections: NonZeroUsize::new(max_connections).unwrap(),
         };

@@ -30,7 +30,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::runtime::watcher;
@@ -39,6 +38,7 @@ use tokio::sync::{watch, OnceCell};
 use tokio_util::sync::CancellationToken;
 
 use super::cache::{Cache, Feeder, Slim, Texts};
+use super::pod::SlimPod as Pod;
 use super::WatchErrors;
 use crate::selection::pod::DeviceIds;
 

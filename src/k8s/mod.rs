@@ -50,9 +50,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
+use pod::SlimPod;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -475,7 +475,7 @@ impl Source {
     /// server refuses it (422, uid is immutable) for a pod recreated under
     /// the same name since the caller looked.
     pub async fn set_network_status(&self, pod: &PodInfo, status: &str) -> Result<(), Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let api: Api<SlimPod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let patch = serde_json::json!({
             "metadata": {
                 "uid": pod.uid,

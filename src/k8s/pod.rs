@@ -91,6 +91,75 @@ impl Slim for PodMeta {
     fn release(_: PodInfo, _: &mut Texts) {}
 }
 
+/// A whole pod as the API server sends it (a PATCH of its status answers
+/// with it, a LIST of the node's pods lists them), decoded down to its
+/// metadata and its resource claims: the rest of the object (spec,
+/// containers, volumes, status) is skipped unread.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct SlimPod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<SlimPodSpec>,
+    #[serde(default)]
+    pub status: Option<SlimPodStatus>,
+}
+
+/// `spec.resourceClaims`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlimPodSpec {
+    #[serde(default)]
+    pub resource_claims: Option<Vec<PodClaim>>,
+}
+
+/// `status.resourceClaimStatuses`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlimPodStatus {
+    #[serde(default)]
+    pub resource_claim_statuses: Option<Vec<PodClaim>>,
+}
+
+/// One of a pod's claims (spec) or the claim made for it (status): its
+/// name in the pod and the ResourceClaim's, when known.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodClaim {
+    pub name: String,
+    #[serde(default)]
+    pub resource_claim_name: Option<String>,
+}
+
+impl kube::Resource for SlimPod {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// The pod a call names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodRef {

@@ -575,13 +575,15 @@ impl Engine {
                     release_files(&store, &cid, marker, file, gc_file);
                     Ok(v)
                 }
-                Err(e) => Err((e, file, gc_file)),
+                // Boxed: the held files make the tuple large.
+                Err(e) => Err(Box::new((e, file, gc_file))),
             }
         })
         .await;
         match done {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err((e, file, gc_file))) => {
+            Ok(Err(kept)) => {
+                let (e, file, gc_file) = *kept;
                 self.markers.hold_marked(id, &file, marker);
                 Err((
                     e,

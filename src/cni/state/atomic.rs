@@ -139,9 +139,10 @@ fn open_spare(spares: &Spares) -> Result<(PathBuf, File), Error> {
 /// state directory.
 fn room_for(file: &File, len: usize) -> io::Result<()> {
     use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: fstatvfs(3) fills the struct we own, on a descriptor `file`
     // owns.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) } != 0 {
         return Ok(());
     }

@@ -171,7 +171,8 @@ fn planted_files_named_like_spares_should_never_be_followed_or_written() {
     let locks = Locks::open(dir.path()).unwrap();
     let victim = dir.path().join("victim");
     fs::write(&victim, b"untouched").unwrap();
-    let plants: [(&str, fn(&Path, &Path)); 3] = [
+    type Plant = fn(&Path, &Path);
+    let plants: [(&str, Plant); 3] = [
         ("link", |at, victim| symlink(victim, at).unwrap()),
         ("fifo", |at, _| {
             let c = CString::new(at.as_os_str().as_bytes()).unwrap();

@@ -40,39 +40,47 @@ fn metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     super::slim::decode_meta(d, &KEPT_ANNOTATIONS)
 }
 
-impl kube::Resource for PodMeta {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
+/// `kube::Resource` for a type that holds a core/v1 pod (or its
+/// metadata) in `metadata`; `metadata_api` asks for metadata only.
+macro_rules! pod_resource {
+    ($ty:ty, metadata_api: $meta:expr) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
 
-    /// Requests for it ask for metadata only.
-    fn metadata_api() -> bool {
-        true
-    }
+            fn metadata_api() -> bool {
+                $meta
+            }
 
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Pod".into()
-    }
+            fn kind(_: &()) -> Cow<'_, str> {
+                "Pod".into()
+            }
 
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
+            fn group(_: &()) -> Cow<'_, str> {
+                "".into()
+            }
 
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
+            fn version(_: &()) -> Cow<'_, str> {
+                "v1".into()
+            }
 
-    fn plural(_: &()) -> Cow<'_, str> {
-        "pods".into()
-    }
+            fn plural(_: &()) -> Cow<'_, str> {
+                "pods".into()
+            }
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
 
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
 }
+
+// Requests for a pod's metadata ask for metadata only.
+pod_resource!(PodMeta, metadata_api: true);
 
 impl Slim for PodMeta {
     type Value = PodInfo;
@@ -131,34 +139,7 @@ pub struct PodClaim {
     pub resource_claim_name: Option<String>,
 }
 
-impl kube::Resource for SlimPod {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Pod".into()
-    }
-
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-
-    fn plural(_: &()) -> Cow<'_, str> {
-        "pods".into()
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+pod_resource!(SlimPod, metadata_api: false);
 
 /// The pod a call names.
 #[derive(Debug, Clone, PartialEq, Eq)]

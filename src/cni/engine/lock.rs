@@ -613,8 +613,8 @@ impl Engine {
     }
 
     /// The write of `record` with [`Durability::Synced`], as the gate of
-    /// the first plugin it protects: the runner does it in the trip that
-    /// spawns that plugin, while the plugin starts, and gives the plugin
+    /// the first plugin it protects: the runner does it beside the spawn
+    /// of that plugin, while the plugin starts, and gives the plugin
     /// its configuration only once it is done. [`Synced::done`] tells how
     /// it went.
     pub(super) fn save_synced_gate(&self, record: &Record) -> (Synced, Gate) {

@@ -38,9 +38,10 @@ pub use process::{run_command, Finished, STDERR_CAP, STDOUT_CAP};
 pub use runner::{CallEnv, Plugin, Runner, VERSION_RETRY, VERSION_TIMEOUT};
 
 /// What must be done before a plugin may read its configuration (see
-/// [`Runner::run_gated`]): blocking work, done in the spawn's own trip to
-/// the blocking pool right after the plugin started (and was noted in the
-/// journal), so it overlaps the plugin's start without a hand-off of its
-/// own. It runs even when the spawn fails, and only once (not again when
-/// the spawn is retried). `Ok` lets the plugin go on, `Err` stops it.
+/// [`Runner::run_gated`]): blocking work, started on a blocking thread of
+/// its own just before the plugin is spawned, so that its disk waits
+/// overlap the plugin's exec and start-up. It runs even when the spawn
+/// fails, only once (not again when the spawn is retried), and is over
+/// before the run goes on either way. `Ok` lets the plugin go on, `Err`
+/// stops it.
 pub type Gate = Box<dyn FnOnce() -> Result<(), String> + Send>;

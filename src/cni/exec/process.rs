@@ -318,22 +318,23 @@ enum SpawnFailure {
 /// while the spawn runs, dropping its output there kills and reaps the
 /// plugin.
 ///
-/// `work` is done in the first trip, right after the spawn and the note
-/// (whether they worked or not); its outcome comes back with the child.
+/// `work` starts first, on a blocking thread of its own, and runs beside
+/// the spawn: its disk waits (an ADD's synced record) overlap the exec
+/// instead of following it. It is waited for before this returns, whether
+/// the spawn worked or not, and its outcome comes back with the child.
 async fn spawn(
     mut cmd: std::process::Command,
     plugin: &Plugin,
     journal: Option<(Arc<dyn Journal>, String)>,
-    mut work: Option<Gate>,
+    work: Option<Gate>,
     spawner: Option<Arc<Path>>,
 ) -> Result<(([Option<OwnedFd>; 3], Reaper), Option<Result<(), String>>), Error> {
     let mut tries = 0;
-    let mut worked = None;
+    let mut beside = work.map(tokio::task::spawn_blocking);
     loop {
         let journal = journal.clone();
-        let work = work.take();
         let spawner = spawner.clone();
-        let (back, res, done) = tokio::task::spawn_blocking(move || {
+        let trip = tokio::task::spawn_blocking(move || {
             let spawned = match &spawner {
                 Some(socket) => Remote::spawn(socket, &cmd).map(|(remote, p)| {
                     let pipes = [Some(p.stdin), Some(p.stdout), Some(p.stderr)];
@@ -352,27 +353,41 @@ async fn spawn(
                 Ok((pipes, handle)) => start(handle, journal).map(|reaper| (pipes, reaper)),
                 Err(e) => Err(SpawnFailure::Exec(e)),
             };
-            let done = work.map(|w| w());
-            (cmd, r, done)
+            (cmd, r)
         })
-        .await
-        .map_err(|e| Error::Spawn {
-            plugin: plugin.name.clone(),
-            path: plugin.path.clone(),
-            source: io::Error::other(e.to_string()),
-        })?;
+        .await;
+        let (back, res) = match trip {
+            Ok(done) => done,
+            Err(e) => {
+                if let Some(task) = beside.take() {
+                    let _ = task.await;
+                }
+                return Err(Error::Spawn {
+                    plugin: plugin.name.clone(),
+                    path: plugin.path.clone(),
+                    source: io::Error::other(e.to_string()),
+                });
+            }
+        };
         cmd = back;
-        if done.is_some() {
-            worked = done;
-        }
-        match res {
-            Ok(started) => return Ok((started, worked)),
-            Err(SpawnFailure::Exec(e))
-                if e.raw_os_error() == Some(libc::ETXTBSY) && tries < TXTBSY_RETRIES =>
-            {
+        if let Err(SpawnFailure::Exec(e)) = &res {
+            if e.raw_os_error() == Some(libc::ETXTBSY) && tries < TXTBSY_RETRIES {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
             }
+        }
+        // Whatever the spawn did, the work is over before the caller goes
+        // on (a failed ADD's rollback must not race the record's write).
+        let worked = match beside.take() {
+            Some(task) => Some(
+                task.await
+                    .unwrap_or_else(|e| Err(format!("the work was lost: {e}"))),
+            ),
+            None => None,
+        };
+        match res {
+            Ok(started) => return Ok((started, worked)),
             Err(SpawnFailure::Exec(source)) => {
                 return Err(Error::Spawn {
                     plugin: plugin.name.clone(),

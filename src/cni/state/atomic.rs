@@ -35,8 +35,9 @@ pub(super) fn sync_dir(dir: &Path) -> Result<(), Error> {
 /// the spare's name: no inode is allocated or freed.
 ///
 /// A `sync` write is written over the spare's blocks, cut to its length
-/// and fsynced before the exchange. Any other write first cuts the spare
-/// to nothing and, once written, starts its writeback before the exchange
+/// and fsynced before the exchange. Any other write takes the spare empty
+/// (the pool's thread emptied it, see [`Spares::emptied`]; else it is cut
+/// to nothing here) and, once written, starts its writeback before the exchange
 /// (as ext4's `auto_da_alloc` does for a rename over a file): its blocks
 /// are new, so a journaling file system commits them before the rename,
 /// and after a power loss the name holds the old record or the new one,
@@ -56,7 +57,10 @@ pub(super) fn write_atomically(
             file.set_len(body.len() as u64)?;
             file.sync_all()
         } else {
-            file.set_len(0)?;
+            // Emptied already, unless the pool's thread is behind.
+            if file.metadata()?.len() > 0 {
+                file.set_len(0)?;
+            }
             file.write_all_at(body, 0)?;
             start_writeback(&file);
             Ok(())

@@ -21,9 +21,10 @@ use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 
 /// What every spare's name starts with.
 const PREFIX: &str = ".free.";
@@ -42,7 +43,10 @@ pub(super) struct Spares {
     /// `.free.<pid>.<pool>.`
     prefix: String,
     seq: AtomicU64,
-    free: Mutex<Vec<PathBuf>>,
+    free: Arc<Mutex<Vec<PathBuf>>>,
+    /// Empties the spares given back before they return to `free`, when
+    /// the pool was made with [`Spares::emptied`].
+    emptier: Option<Emptier>,
 }
 
 impl Spares {
@@ -53,8 +57,23 @@ impl Spares {
             dir,
             prefix: format!("{PREFIX}{}.{pool}.", std::process::id()),
             seq: AtomicU64::new(0),
-            free: Mutex::new(Vec::new()),
+            free: Arc::new(Mutex::new(Vec::new())),
+            emptier: None,
         }
+    }
+
+    /// [`Spares::new`] for files written without a sync (records): a
+    /// spare given back is cut to nothing by a thread of the pool before
+    /// it can be taken again, so that such a write finds it empty and
+    /// need not free its blocks itself, on the caller's time (freeing
+    /// blocks can wait on the disk: ext4 mounted with `discard`, without
+    /// a journal, discards them before the truncate returns). A writer
+    /// still empties a spare it finds full: the thread may be behind, or
+    /// may not have started.
+    pub(super) fn emptied(dir: PathBuf) -> Self {
+        let mut spares = Self::new(dir);
+        spares.emptier = Some(Emptier::default());
+        spares
     }
 
     /// A name of this pool that it has not used yet.
@@ -76,18 +95,47 @@ impl Spares {
     /// Gives `spare`, a name of this pool, back; unlinked when the pool is
     /// full.
     pub(super) fn put(&self, spare: PathBuf) {
-        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        if free.len() < MAX_SPARES {
-            free.push(spare);
+        if !self.has_room() {
+            let _ = fs::remove_file(&spare);
             return;
         }
-        drop(free);
-        let _ = fs::remove_file(&spare);
+        let spare = match &self.emptier {
+            Some(emptier) => match emptier.send(spare, &self.free) {
+                Ok(()) => return,
+                Err(spare) => spare,
+            },
+            None => spare,
+        };
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(spare);
     }
 
-    /// How many spares the pool holds.
+    /// Whether the pool holds fewer than [`MAX_SPARES`], those being
+    /// emptied included.
+    fn has_room(&self) -> bool {
+        let emptying = self.emptier.as_ref().map_or(0, Emptier::pending);
+        let free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.len() + emptying < MAX_SPARES
+    }
+
+    /// Waits (a few seconds at most) until no spare is being emptied.
+    #[cfg(test)]
+    pub(super) fn settle(&self) {
+        let Some(emptier) = &self.emptier else {
+            return;
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while emptier.pending() > 0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+    }
+
+    /// How many spares the pool holds, once none is being emptied.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
+        self.settle();
         self.free
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -102,13 +150,7 @@ impl Spares {
     /// a regular file (a symbolic link, never followed) is unlinked.
     pub(super) fn retire(&self, path: &Path) -> io::Result<()> {
         let meta = fs::symlink_metadata(path)?;
-        let room = self
-            .free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-            < MAX_SPARES;
-        if meta.is_file() && room {
+        if meta.is_file() && self.has_room() {
             let spare = self.fresh_name();
             match rename2(path, &spare, libc::RENAME_NOREPLACE) {
                 Ok(()) => {
@@ -148,13 +190,7 @@ impl Spares {
             if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
                 continue;
             }
-            let full = self
-                .free
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .len()
-                >= MAX_SPARES;
-            if full || prepare(&path).is_err() {
+            if !self.has_room() || prepare(&path).is_err() {
                 let _ = fs::remove_file(&path);
                 continue;
             }
@@ -162,6 +198,70 @@ impl Spares {
             if rename2(&path, &spare, libc::RENAME_NOREPLACE).is_ok() {
                 self.put(spare);
             }
+        }
+    }
+}
+
+/// The thread of a pool that empties the spares given back, started with
+/// the first one, and ended when the pool is dropped.
+#[derive(Debug, Default)]
+struct Emptier {
+    to_empty: Mutex<Option<mpsc::Sender<PathBuf>>>,
+    /// Spares sent and not back in the pool yet.
+    pending: Arc<AtomicUsize>,
+}
+
+impl Emptier {
+    fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Hands `spare` to the thread, which puts it in `free` once empty;
+    /// the spare back when there is no thread (it could not be started).
+    fn send(&self, spare: PathBuf, free: &Arc<Mutex<Vec<PathBuf>>>) -> Result<(), PathBuf> {
+        let mut to_empty = self.to_empty.lock().unwrap_or_else(PoisonError::into_inner);
+        if to_empty.is_none() {
+            let (tx, rx) = mpsc::channel::<PathBuf>();
+            let (free, pending) = (free.clone(), self.pending.clone());
+            let started = std::thread::Builder::new()
+                .name("plexusd-spares".into())
+                .stack_size(64 << 10)
+                .spawn(move || {
+                    for spare in rx {
+                        empty(&spare);
+                        free.lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(spare);
+                        pending.fetch_sub(1, Ordering::AcqRel);
+                    }
+                });
+            if started.is_err() {
+                return Err(spare);
+            }
+            *to_empty = Some(tx);
+        }
+        let Some(tx) = to_empty.as_ref() else {
+            return Err(spare);
+        };
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        tx.send(spare).map_err(|back| {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            back.0
+        })
+    }
+}
+
+/// Cuts the spare at `path` to nothing, when it is a regular file: never
+/// through a symbolic link, never waiting on a FIFO. Best effort: a writer
+/// checks the spare's size again.
+pub(super) fn empty(path: &Path) {
+    let opened = fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    if let Ok(f) = opened {
+        if f.metadata().is_ok_and(|m| m.is_file() && m.len() > 0) {
+            let _ = f.set_len(0);
         }
     }
 }

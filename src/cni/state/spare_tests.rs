@@ -85,6 +85,8 @@ fn a_record_replaced_while_read_should_read_whole_and_reuse_its_inodes() {
         } else {
             (&large, Durability::Synced)
         };
+        // The file given back is the pool's again once emptied.
+        store.spares.settle();
         store.save(r, d).unwrap();
         assert!(known.contains(&inode(&path)), "write {i} made a new file");
     }
@@ -187,6 +189,7 @@ fn planted_files_named_like_spares_should_never_be_followed_or_written() {
         store.save(&record("x"), Durability::Atomic).unwrap();
         store.remove("x", Durability::Atomic).unwrap();
         held.unlink().unwrap();
+        store.spares.settle();
         for d in [store.dir().to_path_buf(), dir.path().join("locks")] {
             let spares = spares_in(&d);
             assert_eq!(spares.len(), 1, "{what}: {spares:?}");
@@ -221,6 +224,7 @@ fn planted_files_named_like_spares_should_never_be_followed_or_written() {
             }
         }
         // Drain what the pools still think they hold.
+        store.spares.settle();
         while store.spares.take().is_some() {}
     }
 }
@@ -329,4 +333,51 @@ fn two_daemons_sharing_the_directory_should_lose_no_record() {
             assert_eq!(got, want, "{id}");
         }
     }
+}
+
+#[test]
+fn a_record_file_given_back_should_be_empty_before_it_is_taken_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store
+        .save(&record_of("c1", 40), Durability::Synced)
+        .unwrap();
+    // The exchange gives the synced file back; the removal the other one.
+    store.save(&record_of("c1", 1), Durability::Atomic).unwrap();
+    store.remove("c1", Durability::Atomic).unwrap();
+    store.spares.settle();
+    let spares = spares_in(store.dir());
+    assert_eq!(spares.len(), 2, "{spares:?}");
+    for p in &spares {
+        let len = fs::metadata(p).unwrap().len();
+        assert_eq!(len, 0, "{p:?} was given back with {len} bytes");
+    }
+    // The next unsynced write takes one of them: nothing new is made.
+    store.save(&record_of("c2", 3), Durability::Atomic).unwrap();
+    assert_eq!(store.load("c2").unwrap().unwrap(), record_of("c2", 3));
+    assert_eq!(spares_in(store.dir()).len(), 1);
+}
+
+#[test]
+fn emptying_should_never_follow_a_link_or_wait_on_a_fifo() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    fs::write(&victim, b"untouched").unwrap();
+    let link = dir.path().join(".free.1.0.0");
+    symlink(&victim, &link).unwrap();
+    super::spare::empty(&link);
+    let fifo = dir.path().join(".free.1.0.1");
+    let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // Would block forever on a FIFO opened without O_NONBLOCK.
+    super::spare::empty(&fifo);
+    let sub = dir.path().join(".free.1.0.2");
+    fs::create_dir(&sub).unwrap();
+    super::spare::empty(&sub);
+    assert_eq!(fs::read(&victim).unwrap(), b"untouched");
+    let file = dir.path().join(".free.1.0.3");
+    fs::write(&file, b"old record").unwrap();
+    super::spare::empty(&file);
+    assert_eq!(fs::metadata(&file).unwrap().len(), 0);
 }

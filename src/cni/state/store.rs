@@ -49,7 +49,7 @@ impl Store {
     pub fn at(state_dir: &Path) -> Self {
         let dir = state_dir.join("attachments");
         Self {
-            spares: Spares::new(dir.clone()),
+            spares: Spares::emptied(dir.clone()),
             dir,
         }
     }

@@ -31,6 +31,8 @@ use crate::api::{code, CniError};
 pub const LINGER_TIME: Duration = Duration::from_secs(2);
 /// Most bytes a closing connection reads and discards.
 pub const LINGER_BYTES: usize = 4 << 20;
+/// The reads of a lingering client that keeps sending, at most.
+const LINGER_CHUNK: usize = 16 << 10;
 
 /// The stream hyper serves, with hyper's own error answers replaced.
 pub struct ConnIo {
@@ -160,7 +162,10 @@ pub async fn linger(mut stream: UnixStream, places: Option<&Arc<Semaphore>>) {
         Some(Err(_)) => return,
     };
     let deadline = tokio::time::Instant::now() + LINGER_TIME;
-    let mut scratch = [0u8; 16 << 10];
+    // On the heap, and small until the client sends more than its end of
+    // file: an array here would sit in every connection's task from its
+    // accept on, idle or queued ones included.
+    let mut scratch = vec![0u8; 64];
     let mut discarded = 0usize;
     while discarded <= LINGER_BYTES {
         match tokio::time::timeout_at(deadline, stream.readable()).await {
@@ -169,7 +174,12 @@ pub async fn linger(mut stream: UnixStream, places: Option<&Arc<Semaphore>>) {
         }
         match stream.try_read(&mut scratch) {
             Ok(0) => return,
-            Ok(n) => discarded += n,
+            Ok(n) => {
+                discarded += n;
+                if n == scratch.len() && scratch.len() < LINGER_CHUNK {
+                    scratch.resize(LINGER_CHUNK, 0);
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(_) => return,
         }
@@ -198,5 +208,23 @@ mod tests {
         assert!(out.starts_with(b"HTTP/1.0 505 HTTP Version Not Supported\r\n"));
         assert!(with_cni_error(b"garbage").is_none());
         assert!(with_cni_error(b"SPDY/3 400 x\r\n").is_none());
+    }
+
+    /// Every connection's task holds this future from its accept on
+    /// (inlined in the task's state): no buffer may sit in it.
+    #[tokio::test]
+    async fn lingering_should_hold_no_buffer_in_the_connection_task() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let waiting = linger(a, None);
+        let size = std::mem::size_of_val(&waiting);
+        assert!(size < 1024, "the linger future is {size} bytes");
+        // And it still reads a client that keeps sending, up to its end.
+        let sender = tokio::spawn(async move {
+            let mut b = b;
+            let chunk = vec![7u8; 100 << 10];
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut b, &chunk).await;
+        });
+        waiting.await;
+        sender.await.unwrap();
     }
 }

@@ -532,13 +532,18 @@ impl Capture {
 
     /// Reads until EOF or an error.
     async fn fill(&mut self, r: &mut pipe::Receiver) {
+        // A plugin's answer is a few KiB at most: a larger chunk only for
+        // one that prints more.
         if self.chunk.is_empty() {
-            self.chunk = vec![0u8; 16 << 10];
+            self.chunk = vec![0u8; 4 << 10];
         }
         while !self.is_done() {
             match r.read(&mut self.chunk).await {
                 Ok(0) => self.eof = true,
                 Ok(n) => {
+                    if n == self.chunk.len() && n < 16 << 10 {
+                        self.chunk.resize(16 << 10, 0);
+                    }
                     let room = self.cap.saturating_sub(self.buf.len());
                     if n > room {
                         self.cut = true;

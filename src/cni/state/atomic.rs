@@ -206,14 +206,63 @@ pub enum Unreadable {
     Io(&'static str, io::Error),
 }
 
+/// Reads of a file that another writer kept replacing, at most.
+const READ_TRIES: usize = 8;
+
 /// The bytes of regular file `path`, at most `max` of them; `None` when
 /// there is no such file. A symbolic link is never followed and a FIFO
 /// never waited on. Blocking.
+///
+/// What is read is what `path` named while it was read: a file replaced
+/// meanwhile (renamed away, then reused as a spare and emptied or written
+/// over: see [`Spares`]) is read again under its new name. A reader that
+/// does not hold the container's lock (GC, `plexusd show`) therefore never
+/// takes a spare's content for a damaged record.
 pub fn read_regular(path: &Path, max: u64) -> Result<Option<Vec<u8>>, Unreadable> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match read_once(path, max)? {
+            ReadOnce::Missing => return Ok(None),
+            ReadOnce::Stable(text) => return Ok(Some(text)),
+            ReadOnce::Replaced if tries >= READ_TRIES => {
+                return Err(Unreadable::Io(
+                    "cannot read it",
+                    io::Error::other(format!("it was replaced {tries} times while it was read")),
+                ))
+            }
+            ReadOnce::Replaced => {}
+        }
+    }
+}
+
+/// One read of [`read_regular`].
+enum ReadOnce {
+    Missing,
+    /// `path` still names the file read, unchanged since it was opened.
+    Stable(Vec<u8>),
+    /// The file was replaced or changed while it was read: what was read
+    /// means nothing.
+    Replaced,
+}
+
+/// Whether `before` (the opened file) and `after` (what `path` names
+/// once it was read) are the same file, unchanged: a rename or a write
+/// moves its ctime.
+fn unchanged(before: &fs::Metadata, after: &fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    before.dev() == after.dev()
+        && before.ino() == after.ino()
+        && before.size() == after.size()
+        && before.ctime() == after.ctime()
+        && before.ctime_nsec() == after.ctime_nsec()
+}
+
+fn read_once(path: &Path, max: u64) -> Result<ReadOnce, Unreadable> {
     let damaged = |why: &str| Unreadable::Damaged(why.to_string());
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ReadOnce::Missing),
         Err(e) => return Err(Unreadable::Io("cannot look it up", e)),
     };
     let kind = meta.file_type();
@@ -234,7 +283,7 @@ pub fn read_regular(path: &Path, max: u64) -> Result<Option<Vec<u8>>, Unreadable
         .open(path);
     let file = match file {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ReadOnce::Missing),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Err(damaged("it is a symbolic link"))
         }
@@ -253,10 +302,14 @@ pub fn read_regular(path: &Path, max: u64) -> Result<Option<Vec<u8>>, Unreadable
     file.take(max + 1)
         .read_to_end(&mut text)
         .map_err(|e| Unreadable::Io("cannot read it", e))?;
+    let now = fs::symlink_metadata(path);
+    if !now.is_ok_and(|now| unchanged(&meta, &now)) {
+        return Ok(ReadOnce::Replaced);
+    }
     if text.len() as u64 > max {
         return Err(damaged(&format!("it is larger than {max} bytes")));
     }
-    Ok(Some(text))
+    Ok(ReadOnce::Stable(text))
 }
 
 /// Moves `from` as it is (a symbolic link or a directory is moved itself,

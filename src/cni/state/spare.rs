@@ -63,8 +63,9 @@ impl Spares {
     }
 
     /// [`Spares::new`] for files written without a sync (records): a
-    /// spare given back is cut to nothing by a thread of the pool before
-    /// it can be taken again, so that such a write finds it empty and
+    /// spare given back is cut to nothing by a thread of the pool (shortly
+    /// after, see [`EMPTY_AFTER`]) before it can be taken again, so that
+    /// such a write finds it empty and
     /// need not free its blocks itself, on the caller's time (freeing
     /// blocks can wait on the disk: ext4 mounted with `discard`, without
     /// a journal, discards them before the truncate returns). A writer
@@ -202,6 +203,10 @@ impl Spares {
     }
 }
 
+/// How long the thread of [`Spares::emptied`] waits before it empties
+/// spares just given back (and those given back meanwhile).
+const EMPTY_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// The thread of a pool that empties the spares given back, started with
 /// the first one, and ended when the pool is dropped.
 #[derive(Debug, Default)]
@@ -227,12 +232,18 @@ impl Emptier {
                 .name("plexusd-spares".into())
                 .stack_size(64 << 10)
                 .spawn(move || {
-                    for spare in rx {
-                        empty(&spare);
-                        free.lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push(spare);
-                        pending.fetch_sub(1, Ordering::AcqRel);
+                    while let Ok(first) = rx.recv() {
+                        // The call that gave the spare back is still
+                        // answering: the disk wait of emptying it would
+                        // share the machine with that answer.
+                        std::thread::sleep(EMPTY_AFTER);
+                        for spare in std::iter::once(first).chain(rx.try_iter()) {
+                            empty(&spare);
+                            free.lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push(spare);
+                            pending.fetch_sub(1, Ordering::AcqRel);
+                        }
                     }
                 });
             if started.is_err() {

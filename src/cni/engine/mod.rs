@@ -271,8 +271,10 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 
 impl Engine {
     /// Creates the engine and the state directory, then cleans up after
-    /// crashed predecessors (see `Engine::recover`). Blocking, and it
-    /// starts no thread (it runs before the listener is taken).
+    /// crashed predecessors (see `Engine::recover`). Blocking; the only
+    /// thread it may start is the one that empties the record spares a
+    /// dead predecessor left (see `Spares::emptied`), after the listening
+    /// sockets' variables were taken from the environment.
     pub fn new(config: Config, metrics: Option<Arc<Metrics>>) -> Result<Self, Error> {
         Self::build(config, metrics, exec::kill_stale_group)
     }

@@ -65,12 +65,11 @@ impl Spares {
     /// [`Spares::new`] for files written without a sync (records): a
     /// spare given back is cut to nothing by a thread of the pool (shortly
     /// after, see [`EMPTY_AFTER`]) before it can be taken again, so that
-    /// such a write finds it empty and
-    /// need not free its blocks itself, on the caller's time (freeing
-    /// blocks can wait on the disk: ext4 mounted with `discard`, without
-    /// a journal, discards them before the truncate returns). A writer
-    /// still empties a spare it finds full: the thread may be behind, or
-    /// may not have started.
+    /// such a write finds it empty and need not free its blocks itself, on
+    /// the caller's time (freeing blocks can wait on the disk: ext4 mounted
+    /// with `discard`, without a journal, discards them before the truncate
+    /// returns). A writer still empties a spare it finds full: the thread
+    /// may be behind, or may not have started.
     pub(super) fn emptied(dir: PathBuf) -> Self {
         let mut spares = Self::new(dir);
         spares.emptier = Some(Emptier::default());
@@ -121,7 +120,7 @@ impl Spares {
         free.len() + emptying < MAX_SPARES
     }
 
-    /// Waits (a few seconds at most) until no spare is being emptied.
+    /// Waits (10 s at most) until no spare is being emptied.
     #[cfg(test)]
     pub(super) fn settle(&self) {
         let Some(emptier) = &self.emptier else {

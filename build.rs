@@ -8,6 +8,13 @@
 //! Nothing changes when it cannot be checked: a cross build, a static
 //! build, a linker that does not know the option (it warns), or a C
 //! library older than glibc 2.36 (the probe program does not start).
+//!
+//! And orders plexusd's text: `link/plexusd-text.ld` (made by
+//! `scripts/text-order.sh`) puts the functions the daemon runs first, in
+//! the order they first ran. The kernel maps a program's file by whole
+//! folios (and 64 KiB around each fault), so a daemon whose code ran once
+//! here and there kept most of its 8 MB of text resident. Used when the
+//! linker rustc uses takes the script (a probe program links with it).
 
 use std::env;
 use std::fs;
@@ -16,12 +23,47 @@ use std::process::Command;
 
 const FLAG: &str = "-Wl,-z,pack-relative-relocs";
 
+/// plexusd's text order, from the manifest's directory.
+const TEXT_ORDER: &str = "link/plexusd-text.ld";
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed={TEXT_ORDER}");
     println!("cargo:rerun-if-env-changed=CC");
     if supported() {
         println!("cargo:rustc-link-arg-bins={FLAG}");
     }
+    if let Some(script) = text_order() {
+        println!(
+            "cargo:rustc-link-arg-bin=plexusd=-Wl,-T,{}",
+            script.display()
+        );
+    }
+}
+
+/// The text-order script, when the linker rustc uses for this target takes
+/// it: a probe program is linked with it by the same rustc, flags and
+/// target.
+fn text_order() -> Option<PathBuf> {
+    let script = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR")?).join(TEXT_ORDER);
+    let out = PathBuf::from(env::var_os("OUT_DIR")?);
+    let src = out.join("order_probe.rs");
+    fs::write(&src, "fn main() {}\n").ok()?;
+    let rustc = env::var_os("RUSTC")?;
+    let mut probe = Command::new(rustc);
+    probe
+        .args(["--crate-type", "bin", "--edition", "2021", "--target"])
+        .arg(env::var("TARGET").ok()?)
+        .arg("-o")
+        .arg(out.join("order_probe"))
+        .arg(format!("-Clink-arg=-Wl,-T,{}", script.display()))
+        .arg(&src);
+    // The build's own flags (a linker chosen there, for one).
+    if let Ok(flags) = env::var("CARGO_ENCODED_RUSTFLAGS") {
+        probe.args(flags.split('\x1f').filter(|f| !f.is_empty()));
+    }
+    let linked = probe.output().ok()?;
+    linked.status.success().then_some(script)
 }
 
 /// Whether a probe program linked with [`FLAG`] links without a warning,

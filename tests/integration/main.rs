@@ -76,5 +76,6 @@ mod spawner;
 mod start_order;
 mod status_networks;
 mod systemd_units;
+mod text_order;
 mod upgrade;
 mod work_ownership;

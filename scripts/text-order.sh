@@ -3,7 +3,8 @@
 # counts) with every plexusd they start traced by scripts/text_order/trace.py,
 # and turns the functions that ran into the linker script that places them
 # first in plexusd's text (see build.rs). Run as root on x86-64, after
-# changes to the call path or a toolchain update; commit the result.
+# changes to the call path, the release profile or the toolchain; commit
+# the result.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

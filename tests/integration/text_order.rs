@@ -30,9 +30,8 @@ fn sections(bin: &str) -> BTreeMap<String, (u64, u64)> {
     found
 }
 
-/// The addresses of the functions of `bin` whose symbol starts with
-/// `prefix` (a legacy-mangled path, without its hash).
-fn functions(bin: &str, prefix: &str) -> Vec<u64> {
+/// Every function symbol of `bin` and its address.
+fn functions(bin: &str) -> Vec<(String, u64)> {
     let out = Command::new("nm")
         .args(["--defined-only", bin])
         .output()
@@ -42,9 +41,8 @@ fn functions(bin: &str, prefix: &str) -> Vec<u64> {
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() == 3 && "tT".contains(f[1]) && f[2].starts_with(prefix))
-                .then(|| u64::from_str_radix(f[0], 16).ok())
-                .flatten()
+            let addr = u64::from_str_radix(f.first()?, 16).ok()?;
+            (f.len() == 3 && "tT".contains(f[1])).then(|| (f[2].to_string(), addr))
         })
         .collect()
 }
@@ -58,13 +56,23 @@ fn the_daemons_call_path_should_sit_before_the_rest_of_its_text() {
     let &(text, _) = sections.get(".text").expect("plexusd has no .text");
     assert!(hot_size > 0 && hot + hot_size <= text, "{sections:?}");
     let inside = |a: u64| (hot..hot + hot_size).contains(&a);
+    let functions = functions(PLEXUSD);
+    // The addresses of the functions whose symbol starts with `path` (a
+    // legacy-mangled path, without its hash).
+    let at = |path: &str| -> Vec<u64> {
+        functions
+            .iter()
+            .filter(|(name, _)| name.starts_with(path))
+            .map(|&(_, a)| a)
+            .collect()
+    };
     // What every call runs: start-up, the connection, the engine's ADD.
     for path in [
         "_ZN6plexus6daemon4main17h",
         "_ZN6plexus6server10connection5serve17h",
         "_ZN6plexus3cni6engine3add10AddPending5added17h",
     ] {
-        let found = functions(PLEXUSD, path);
+        let found = at(path);
         assert!(!found.is_empty(), "plexusd has no function {path}*");
         assert!(
             found.iter().all(|&a| inside(a)),
@@ -72,7 +80,7 @@ fn the_daemons_call_path_should_sit_before_the_rest_of_its_text() {
         );
     }
     // What a daemon never runs (`plexusd show`) stays with the rest.
-    let show = functions(PLEXUSD, "_ZN6plexus3cni4show14multus_summary17h");
+    let show = at("_ZN6plexus3cni4show14multus_summary17h");
     assert!(!show.is_empty(), "plexusd has no multus_summary");
     assert!(
         show.iter().all(|&a| !inside(a)),

@@ -136,7 +136,11 @@ impl ClientWatch<'_, '_> {
         }
         if self.ticket.is_busy() {
             let check = self.hang_up_check.get_or_insert_with(|| {
-                let mut i = tokio::time::interval(HANG_UP_CHECK);
+                // The first check one period in: the client has just sent
+                // its request, and a call that ends sooner never wakes the
+                // task for a check.
+                let first = tokio::time::Instant::now() + HANG_UP_CHECK;
+                let mut i = tokio::time::interval_at(first, HANG_UP_CHECK);
                 i.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 i
             });

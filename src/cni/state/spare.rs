@@ -204,7 +204,7 @@ impl Spares {
 
 /// How long the thread of [`Spares::emptied`] waits before it empties
 /// spares just given back (and those given back meanwhile).
-const EMPTY_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
+const EMPTY_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The thread of a pool that empties the spares given back, started with
 /// the first one, and ended when the pool is dropped.

@@ -318,22 +318,25 @@ enum SpawnFailure {
 /// while the spawn runs, dropping its output there kills and reaps the
 /// plugin.
 ///
-/// `work` starts first, on a blocking thread of its own, and runs beside
-/// the spawn: its disk waits (an ADD's synced record) overlap the exec
-/// instead of following it. It is waited for before this returns, whether
-/// the spawn worked or not, and its outcome comes back with the child.
+/// `work` runs in the same trip to the blocking pool, right after the
+/// first spawn attempt, whether it worked or not: its disk waits (an ADD's
+/// synced record) overlap the plugin's start-up, which follows the exec,
+/// and the trip wakes one blocking thread, not two. Its outcome comes back
+/// with the child; `None` for it means it never ran (the trip was lost).
 async fn spawn(
     mut cmd: std::process::Command,
     plugin: &Plugin,
     journal: Option<(Arc<dyn Journal>, String)>,
-    work: Option<Gate>,
+    mut work: Option<Gate>,
     spawner: Option<Arc<Path>>,
 ) -> Result<(([Option<OwnedFd>; 3], Reaper), Option<Result<(), String>>), Error> {
     let mut tries = 0;
-    let mut beside = work.map(tokio::task::spawn_blocking);
+    let had_work = work.is_some();
+    let mut worked: Option<Result<(), String>> = None;
     loop {
         let journal = journal.clone();
         let spawner = spawner.clone();
+        let work_now = work.take();
         let trip = tokio::task::spawn_blocking(move || {
             let spawned = match &spawner {
                 Some(socket) => Remote::spawn(socket, &cmd).map(|(remote, p)| {
@@ -353,15 +356,15 @@ async fn spawn(
                 Ok((pipes, handle)) => start(handle, journal).map(|reaper| (pipes, reaper)),
                 Err(e) => Err(SpawnFailure::Exec(e)),
             };
-            (cmd, r)
+            // The plugin starts up (or the spawn failed) while this runs;
+            // its stdin is not written before the caller has the outcome.
+            let worked = work_now.map(|w| w());
+            (cmd, r, worked)
         })
         .await;
-        let (back, res) = match trip {
+        let (back, res, now) = match trip {
             Ok(done) => done,
             Err(e) => {
-                if let Some(task) = beside.take() {
-                    let _ = task.await;
-                }
                 return Err(Error::Spawn {
                     plugin: plugin.name.clone(),
                     path: plugin.path.clone(),
@@ -370,6 +373,9 @@ async fn spawn(
             }
         };
         cmd = back;
+        if now.is_some() {
+            worked = now;
+        }
         if let Err(SpawnFailure::Exec(e)) = &res {
             if e.raw_os_error() == Some(libc::ETXTBSY) && tries < TXTBSY_RETRIES {
                 tries += 1;
@@ -379,12 +385,10 @@ async fn spawn(
         }
         // Whatever the spawn did, the work is over before the caller goes
         // on (a failed ADD's rollback must not race the record's write).
-        let worked = match beside.take() {
-            Some(task) => Some(
-                task.await
-                    .unwrap_or_else(|e| Err(format!("the work was lost: {e}"))),
-            ),
-            None => None,
+        let worked = if had_work {
+            Some(worked.unwrap_or_else(|| Err("the work was lost".to_string())))
+        } else {
+            None
         };
         match res {
             Ok(started) => return Ok((started, worked)),

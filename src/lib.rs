@@ -45,6 +45,8 @@
 //!   grpc        one unary gRPC call on a unix socket (kubelet, runtime)
 //!   causes      an error's text with every cause under it
 //!   duration    "10s"-style durations
+//!   op_thread   a CNI call run on a thread of its own, its blocking work in
+//!               place (fewer hand-offs between threads per call)
 //!
 //! beside the path:
 //!   shim        the CNI plugin: config, CNI front end, client, HTTP reader
@@ -67,7 +69,8 @@
 //! `tests/integration/architecture.rs` checks):
 //!
 //! - Leaves: `api`, `causes`, `device_info`, `duration`, `grpc`, `json`, `logging`,
-//!   `memory`, `metrics`, `names`, `notify`, `spawner` and `trust` use no other module;
+//!   `memory`, `metrics`, `names`, `notify`, `op_thread`, `spawner` and `trust` use no
+//!   other module;
 //!   `cri` uses `duration` and `grpc`; `result`
 //!   uses `api`; `netconf` uses `api`, `names` and `result`;
 //!   `readiness_file` uses `duration`.
@@ -118,6 +121,7 @@ pub mod metrics;
 pub mod names;
 pub mod netconf;
 pub mod notify;
+pub mod op_thread;
 pub mod readiness_file;
 pub mod reconcile;
 pub mod result;

@@ -36,6 +36,7 @@ mod plan;
 mod source;
 mod status;
 
+use crate::op_thread::OpThreads;
 use failure::{bad_config, bad_env, failure};
 use source::Kubernetes;
 
@@ -52,6 +53,8 @@ pub struct CniHandler {
     readiness_file: Option<Indicator>,
     /// The runtime GC asks which sandboxes exist (it never sweeps theirs).
     runtime: Option<Runtime>,
+    /// The bound on CNI calls that run on threads of their own.
+    ops: OpThreads,
 }
 
 /// The runtime's CRI socket, the bound of one call to it, and how young a
@@ -76,6 +79,7 @@ impl CniHandler {
             selection: Arc::new(selection),
             readiness_file: None,
             runtime: None,
+            ops: OpThreads::default(),
             kubernetes: kubernetes
                 .map(|source| Arc::new(Kubernetes::new(source, sync_timeout, queue_timeout))),
         }
@@ -236,9 +240,17 @@ impl Handler for CniHandler {
 
     async fn cni(&self, request: api::Request) -> Result<Reply, Failure> {
         // The server already runs this in a task of its own that outlives
-        // the client's connection.
+        // the client's connection; the call itself runs on a thread of its
+        // own when one is free (see `op_thread`).
         let meta = call_log::Meta::of(&request, false);
-        call_log::logged(meta, self.serve(request)).await
+        let this = self.clone();
+        self.ops
+            .run(async move { call_log::logged(meta, this.serve(request)).await })
+            .await
+    }
+
+    fn cut_off(&self) {
+        self.ops.stop();
     }
 
     async fn delegate(&self, request: api::Request) -> Result<Reply, Failure> {

@@ -132,6 +132,11 @@ pub trait Handler: Send + Sync + 'static {
     fn finish(&self, _within: Duration) -> impl Future<Output = ()> + Send {
         async {}
     }
+
+    /// Cuts off the calls still running when the drain's grace ran out,
+    /// where dropping their tasks would not (see
+    /// [`crate::op_thread::OpThreads::stop`]).
+    fn cut_off(&self) {}
 }
 
 /// What `/readyz` answers.
@@ -453,6 +458,7 @@ pub async fn run<H: Handler>(
     let unfinished = match tokio::time::timeout_at(deadline, shared.work.tracker.wait()).await {
         Ok(()) => 0,
         Err(_) => {
+            shared.handler.cut_off();
             let running = shared.work.running();
             for r in &running {
                 warn!(

@@ -158,13 +158,13 @@ impl Engine {
     pub(super) async fn find(&self, name: &str) -> Result<Plugin, exec::Error> {
         let runner = self.runner.clone();
         let name = name.to_string();
-        match tokio::task::spawn_blocking(move || runner.find(&name)).await {
+        match crate::op_thread::off_runtime(move || runner.find(&name)).await {
             Ok(r) => r,
             Err(e) => Err(exec::Error::Io {
                 plugin: String::new(),
                 path: PathBuf::new(),
                 what: "looking up the plugin",
-                source: std::io::Error::other(e.to_string()),
+                source: std::io::Error::other(e),
             }),
         }
     }

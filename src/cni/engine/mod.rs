@@ -258,9 +258,11 @@ fn check_netns_now(command: Command, path: &str) -> Result<(), Error> {
         })
 }
 
-/// Runs blocking file work off the async runtime.
+/// Runs blocking file work off the async runtime: in place when the call
+/// runs on a thread of its own ([`crate::op_thread`]), else on the blocking
+/// pool.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
+    crate::op_thread::off_runtime(f).await.map_err(|e| {
         Error::new(
             ErrorKind::Internal,
             code::INTERNAL,

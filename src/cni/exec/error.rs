@@ -82,6 +82,10 @@ pub enum Error {
     /// before it read anything.
     #[error("plugin {plugin:?} was stopped before it read its configuration: {why}")]
     Held { plugin: String, why: String },
+    /// plexusd is stopping and its grace ran out: the plugin was killed,
+    /// or not started.
+    #[error("plugin {plugin:?} was cut off: plexusd is stopping and its shutdownTimeout ran out")]
+    Stopped { plugin: String },
 }
 
 impl Error {
@@ -94,7 +98,7 @@ impl Error {
             Error::InvalidResult { .. } | Error::BadError { .. } => code::DECODING_FAILURE,
             Error::Io { .. } | Error::Held { .. } => code::IO_FAILURE,
             // Hung or slow, not broken: the runtime retries the call.
-            Error::TimedOut { .. } => code::TRY_AGAIN_LATER,
+            Error::TimedOut { .. } | Error::Stopped { .. } => code::TRY_AGAIN_LATER,
             _ => code::INTERNAL,
         }
     }

@@ -20,6 +20,9 @@ use super::error::io_error;
 use super::remote::Remote;
 use super::{start_time, Error, Gate, Group, Journal, Plugin, PluginError};
 
+#[path = "process_here.rs"]
+mod here;
+
 /// Most a plugin may print on stdout; results are a few KiB.
 pub const STDOUT_CAP: usize = 1 << 20;
 /// Most of a plugin's stderr that is kept (for the log and error details).
@@ -77,8 +80,19 @@ pub async fn run_command(
 pub(super) struct Process {
     pid: u32,
     reaper: Reaper,
-    stdin: pipe::Sender,
-    output: Output,
+    pipes: Pipes,
+}
+
+/// How the plugin's pipes and exit are waited for.
+enum Pipes {
+    /// Through the runtime's I/O driver.
+    Async {
+        stdin: pipe::Sender,
+        output: Box<Output>,
+    },
+    /// With poll(2), right on this thread: a call's own thread
+    /// ([`crate::op_thread`]) running a plugin it started itself.
+    Here(here::Pipes),
 }
 
 impl Process {
@@ -92,21 +106,47 @@ impl Process {
         work: Option<Gate>,
         spawner: Option<Arc<Path>>,
     ) -> Result<(Self, Option<Result<(), String>>), Error> {
+        let stop = crate::op_thread::stop_of_this_call();
+        if stop.as_ref().is_some_and(|s| s.given()) {
+            return Err(Error::Stopped {
+                plugin: plugin.name.clone(),
+            });
+        }
         let ((pipes, reaper), worked) = spawn(cmd, plugin, journal, work, spawner).await?;
         let [stdin, stdout, stderr] = pipes;
-        let stdin =
-            take_pipe(stdin, pipe::Sender::from_owned_fd).map_err(io_error(plugin, "stdin"))?;
-        let stdout =
-            take_pipe(stdout, pipe::Receiver::from_owned_fd).map_err(io_error(plugin, "stdout"))?;
-        let stderr =
-            take_pipe(stderr, pipe::Receiver::from_owned_fd).map_err(io_error(plugin, "stderr"))?;
-        let process = Self {
-            pid: reaper.pid(),
-            reaper,
-            stdin,
-            output: Output::new(stdout, stderr),
+        let pid = reaper.pid();
+        let here = stop.is_some() && reaper.is_local();
+        let pipes = match here.then(|| pidfd_open(pid)).flatten() {
+            Some(pidfd) => {
+                let take = |fd: Option<OwnedFd>, what| {
+                    fd.ok_or_else(|| io::Error::other("pipe missing"))
+                        .map_err(io_error(plugin, what))
+                };
+                Pipes::Here(
+                    here::Pipes::new(
+                        take(stdin, "stdin")?,
+                        take(stdout, "stdout")?,
+                        take(stderr, "stderr")?,
+                        pidfd,
+                        stop,
+                    )
+                    .map_err(io_error(plugin, "its pipes"))?,
+                )
+            }
+            None => {
+                let stdin = take_pipe(stdin, pipe::Sender::from_owned_fd)
+                    .map_err(io_error(plugin, "stdin"))?;
+                let stdout = take_pipe(stdout, pipe::Receiver::from_owned_fd)
+                    .map_err(io_error(plugin, "stdout"))?;
+                let stderr = take_pipe(stderr, pipe::Receiver::from_owned_fd)
+                    .map_err(io_error(plugin, "stderr"))?;
+                Pipes::Async {
+                    stdin,
+                    output: Box::new(Output::new(stdout, stderr)),
+                }
+            }
         };
-        Ok((process, worked))
+        Ok((Self { pid, reaper, pipes }, worked))
     }
 
     /// Kills the plugin's group before it was given any input, and reaps
@@ -115,14 +155,22 @@ impl Process {
         let Process {
             pid,
             mut reaper,
-            stdin,
-            output,
+            pipes,
         } = self;
-        drop(stdin);
-        kill_group(pid);
-        reaper.exited().await;
-        let _ = reaper.reap().await;
-        drop(output.close());
+        match pipes {
+            Pipes::Async { stdin, output } => {
+                drop(stdin);
+                kill_group(pid);
+                reaper.exited().await;
+                let _ = reaper.reap().await;
+                drop(output.close());
+            }
+            Pipes::Here(pipes) => {
+                kill_group(pid);
+                pipes.wait_exit();
+                let _ = reaper.reap_now();
+            }
+        }
         reaper.finish();
     }
 
@@ -134,30 +182,43 @@ impl Process {
     /// The pipes are driven right here, not in tasks of their own: when
     /// this returns (or is dropped) nothing of the call is left running.
     pub(super) async fn run(self, input: Vec<u8>, timeout: Duration) -> Ended {
-        let Process {
-            pid,
-            mut reaper,
-            stdin,
-            mut output,
-        } = self;
-        let timed_out = until_exit(&reaper, Feed::new(stdin, input), &mut output, timeout).await;
-        // The plugin is a zombie now, holding its group id: kill whatever
-        // it left running in the group, then reap it.
-        kill_group(pid);
-        let status = reaper.reap().await;
-        // What the plugin printed is in the pipes: read it. Only a process
-        // that left the group can keep them open past the grace; it is
-        // neither waited for nor killed.
-        let drained = output.drain().await;
-        let (stdout, stderr) = output.close();
-        reaper.finish();
-        Ended {
-            timed_out,
-            status,
-            stdout: stdout.into_parts(),
-            stderr: stderr.into_parts().map(|(b, _)| b).unwrap_or_default(),
-            drained,
+        let Process { pid, reaper, pipes } = self;
+        match pipes {
+            Pipes::Async { stdin, output } => {
+                run_async(pid, reaper, stdin, *output, input, timeout).await
+            }
+            Pipes::Here(pipes) => here::run(pid, reaper, pipes, input, timeout),
         }
+    }
+}
+
+/// [`Process::run`] through the runtime's I/O driver.
+async fn run_async(
+    pid: u32,
+    mut reaper: Reaper,
+    stdin: pipe::Sender,
+    mut output: Output,
+    input: Vec<u8>,
+    timeout: Duration,
+) -> Ended {
+    let timed_out = until_exit(&reaper, Feed::new(stdin, input), &mut output, timeout).await;
+    // The plugin is a zombie now, holding its group id: kill whatever
+    // it left running in the group, then reap it.
+    kill_group(pid);
+    let status = reaper.reap().await;
+    // What the plugin printed is in the pipes: read it. Only a process
+    // that left the group can keep them open past the grace; it is
+    // neither waited for nor killed.
+    let drained = output.drain().await;
+    let (stdout, stderr) = output.close();
+    reaper.finish();
+    Ended {
+        timed_out,
+        stopped: false,
+        status,
+        stdout: stdout.into_parts(),
+        stderr: stderr.into_parts().map(|(b, _)| b).unwrap_or_default(),
+        drained,
     }
 }
 
@@ -238,6 +299,8 @@ impl Output {
 /// How a plugin run ended, before it is judged.
 pub(super) struct Ended {
     pub(super) timed_out: bool,
+    /// Killed because plexusd stops ([`crate::op_thread::OpThreads::stop`]).
+    pub(super) stopped: bool,
     /// `None` when the plugin could not be reaped here.
     pub(super) status: Option<std::process::ExitStatus>,
     /// What it printed and whether some was dropped, or the read error.
@@ -257,6 +320,11 @@ impl Ended {
         command: &'static str,
         timeout: Duration,
     ) -> Result<Vec<u8>, Error> {
+        if self.stopped {
+            return Err(Error::Stopped {
+                plugin: plugin.name.clone(),
+            });
+        }
         if self.timed_out {
             return Err(Error::TimedOut {
                 plugin: plugin.name.clone(),
@@ -311,7 +379,8 @@ enum SpawnFailure {
     Journal(io::Error),
 }
 
-/// Spawns on the blocking pool (fork+exec waits for the exec), retrying
+/// Spawns off the runtime (fork+exec waits for the exec; see
+/// [`crate::op_thread::off_runtime`]), retrying
 /// "text file busy" like libcni. With a journal, the plugin's group is
 /// noted there before this returns, that is before its stdin is written.
 /// The reaper is made on the blocking pool too: if this future is dropped
@@ -337,7 +406,7 @@ async fn spawn(
         let journal = journal.clone();
         let spawner = spawner.clone();
         let work_now = work.take();
-        let trip = tokio::task::spawn_blocking(move || {
+        let trip = crate::op_thread::off_runtime(move || {
             let spawned = match &spawner {
                 Some(socket) => Remote::spawn(socket, &cmd).map(|(remote, p)| {
                     let pipes = [Some(p.stdin), Some(p.stdout), Some(p.stderr)];
@@ -368,7 +437,7 @@ async fn spawn(
                 return Err(Error::Spawn {
                     plugin: plugin.name.clone(),
                     path: plugin.path.clone(),
-                    source: io::Error::other(e.to_string()),
+                    source: io::Error::other(e),
                 });
             }
         };
@@ -544,18 +613,22 @@ impl Capture {
         while !self.is_done() {
             match r.read(&mut self.chunk).await {
                 Ok(0) => self.eof = true,
-                Ok(n) => {
-                    if n == self.chunk.len() && n < 16 << 10 {
-                        self.chunk.resize(16 << 10, 0);
-                    }
-                    let room = self.cap.saturating_sub(self.buf.len());
-                    if n > room {
-                        self.cut = true;
-                    }
-                    self.buf.extend_from_slice(&self.chunk[..n.min(room)]);
-                }
+                Ok(n) => self.keep(n),
                 Err(e) => self.error = Some(e),
             }
+        }
+    }
+
+    /// Keeps what fits of the `n` bytes just read into the chunk; a full
+    /// chunk makes the next read larger.
+    fn keep(&mut self, n: usize) {
+        let room = self.cap.saturating_sub(self.buf.len());
+        if n > room {
+            self.cut = true;
+        }
+        self.buf.extend_from_slice(&self.chunk[..n.min(room)]);
+        if n == self.chunk.len() && n < 16 << 10 {
+            self.chunk.resize(16 << 10, 0);
         }
     }
 
@@ -719,21 +792,39 @@ impl Reaper {
         }
     }
 
-    /// Reaps the exited plugin; `None` if it cannot. Never blocks: a local
-    /// child is reaped with try_wait, a remote one by the spawner, which
-    /// answers at once.
-    async fn reap(&mut self) -> Option<std::process::ExitStatus> {
+    /// Whether the plugin is a child of plexusd (not of the spawner).
+    fn is_local(&self) -> bool {
+        matches!(self.handle, Some(Handle::Local(_)))
+    }
+
+    /// Reaps the exited plugin, a child of plexusd, with try_wait; `None`
+    /// if it cannot (a remote one, or one not exited: Drop kills and reaps
+    /// it off the runtime instead).
+    fn reap_now(&mut self) -> Option<std::process::ExitStatus> {
         match self.handle.take()? {
             Handle::Local(mut child) => match child.try_wait() {
                 Ok(Some(s)) => Some(s),
-                // Not expected once the exit was seen; never wait here (this
-                // runs on the async runtime): Drop kills and reaps it on the
-                // blocking pool instead.
                 _ => {
                     self.handle = Some(Handle::Local(child));
                     None
                 }
             },
+            remote => {
+                self.handle = Some(remote);
+                None
+            }
+        }
+    }
+
+    /// Reaps the exited plugin; `None` if it cannot. Never blocks: a local
+    /// child is reaped with try_wait ([`Reaper::reap_now`]), a remote one
+    /// by the spawner, which answers at once.
+    async fn reap(&mut self) -> Option<std::process::ExitStatus> {
+        match self.handle.take()? {
+            local @ Handle::Local(_) => {
+                self.handle = Some(local);
+                self.reap_now()
+            }
             // The spawner answers at once; one that does not (hung, or
             // gone with its connection) leaves the status unknown.
             Handle::Remote(remote) => tokio::time::timeout(REMOTE_REAP_TIMEOUT, remote.reap())

@@ -22,8 +22,30 @@ fn env() -> CallEnv {
     }
 }
 
-#[tokio::test]
-async fn plugin_output_and_errors_should_be_told_apart() {
+/// A test of a plugin run, made on the runtime (the plugin's pipes and
+/// exit through its I/O driver) and on a call's own thread (waited for
+/// with poll(2), `process_here.rs`).
+macro_rules! both_ways {
+    ($body:ident, $on_runtime:ident, $on_own_thread:ident) => {
+        #[tokio::test]
+        async fn $on_runtime() {
+            $body().await
+        }
+
+        #[tokio::test]
+        async fn $on_own_thread() {
+            crate::op_thread::OpThreads::new(1).run($body()).await
+        }
+    };
+}
+
+both_ways!(
+    told_apart,
+    plugin_output_and_errors_should_be_told_apart,
+    plugin_output_and_errors_should_be_told_apart_on_a_calls_thread
+);
+
+async fn told_apart() {
     let dir = tempfile::tempdir().unwrap();
     script(
         dir.path(),
@@ -68,12 +90,17 @@ async fn plugin_output_and_errors_should_be_told_apart() {
     assert!(matches!(r.find("missing"), Err(Error::NotFound { .. })));
 }
 
+both_ways!(
+    gate_holds_stdin,
+    a_gates_work_should_run_while_the_plugin_starts_and_hold_its_stdin,
+    a_gates_work_should_hold_the_stdin_on_a_calls_thread
+);
+
 /// A gate's blocking work runs in the trip that spawned the plugin:
 /// the plugin is already running (blocked on its stdin) while the work
 /// runs, reads nothing before it is done, and is stopped and reaped
 /// unread when it fails. The work runs once, even when the spawn fails.
-#[tokio::test]
-async fn a_gates_work_should_run_while_the_plugin_starts_and_hold_its_stdin() {
+async fn gate_holds_stdin() {
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
     let got = dir.path().join("got");
@@ -155,8 +182,13 @@ async fn a_gates_work_should_run_while_the_plugin_starts_and_hold_its_stdin() {
     assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
-async fn timeout_should_kill_the_whole_group() {
+both_ways!(
+    timeout_kills_group,
+    timeout_should_kill_the_whole_group,
+    timeout_should_kill_the_whole_group_on_a_calls_thread
+);
+
+async fn timeout_kills_group() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("child.pid");
     script(
@@ -185,6 +217,172 @@ async fn timeout_should_kill_the_whole_group() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !gone() {
         assert!(std::time::Instant::now() < deadline, "sleep survived");
+        tokio::task::yield_now().await;
+    }
+}
+
+both_ways!(
+    big_streams,
+    big_input_and_output_should_flow_and_be_bounded,
+    big_input_and_output_should_flow_and_be_bounded_on_a_calls_thread
+);
+
+/// More input than a pipe holds, fed to a plugin that reads it and to one
+/// that exits without reading it; more output than is kept; and output
+/// held open by a process that left the plugin's group.
+async fn big_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = dir.path().join("holder.pid");
+    script(dir.path(), "echo", "cat");
+    script(dir.path(), "deaf", "echo '{}'");
+    script(
+        dir.path(),
+        "flood",
+        &format!("head -c {} /dev/zero", STDOUT_CAP + 4096),
+    );
+    script(
+        dir.path(),
+        "held",
+        &format!(
+            "setsid sh -c 'echo $$ > {h}.tmp; mv {h}.tmp {h}; exec sleep 1000' & \
+             while [ ! -e {h} ]; do :; done; echo '{{}}'",
+            h = holder.display()
+        ),
+    );
+    let r = Runner::new(vec![dir.path().into()], Duration::from_secs(20), None);
+    let big: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let out = r
+        .run(&r.find("echo").unwrap(), &env(), big.clone())
+        .await
+        .unwrap();
+    assert!(out == big, "{} bytes back of {}", out.len(), big.len());
+    let out = r
+        .run(&r.find("deaf").unwrap(), &env(), big.clone())
+        .await
+        .unwrap();
+    assert_eq!(out, b"{}\n");
+    let e = r
+        .run(&r.find("flood").unwrap(), &env(), Vec::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::TooMuchOutput { .. }), "{e}");
+    // The holder keeps the pipes open past the grace: the answer is what
+    // the plugin printed.
+    let out = r
+        .run(&r.find("held").unwrap(), &env(), Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(out, b"{}\n");
+    let pid: i32 = std::fs::read_to_string(&holder)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) of the holder this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// On a call's own thread the plugin run needs nothing of the runtime's
+/// thread: with that thread blocked, a plugin still runs to its answer.
+#[tokio::test(flavor = "current_thread")]
+async fn a_plugin_run_on_a_calls_thread_should_not_need_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    script(dir.path(), "ok", "cat >/dev/null; echo '{}'");
+    let r = Arc::new(Runner::new(
+        vec![dir.path().into()],
+        Duration::from_secs(20),
+        None,
+    ));
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let call = tokio::spawn({
+        let r = r.clone();
+        async move {
+            crate::op_thread::OpThreads::new(1)
+                .run(async move {
+                    let out = r.run(&r.find("ok").unwrap(), &env(), b"{}".to_vec()).await;
+                    done_tx.send(out.is_ok()).unwrap();
+                })
+                .await
+        }
+    });
+    // Let the call reach its thread, then block this one, the runtime's.
+    tokio::task::yield_now().await;
+    let answered = done.recv_timeout(Duration::from_secs(20));
+    assert_eq!(answered, Ok(true), "the plugin run waited for the runtime");
+    call.await.unwrap();
+}
+
+/// The daemon's stop cuts off a call on its own thread: its hung plugin's
+/// group is killed at once (not at the plugin's deadline), and no plugin
+/// starts after it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_stop_should_kill_the_plugin_of_a_call_on_its_own_thread_and_start_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("child.pid");
+    let ran = dir.path().join("ran");
+    script(
+        dir.path(),
+        "hang",
+        &format!(
+            "sleep 1000 & echo $! > {m}.tmp; mv {m}.tmp {m}; wait",
+            m = marker.display()
+        ),
+    );
+    script(
+        dir.path(),
+        "later",
+        &format!("touch {}; echo '{{}}'", ran.display()),
+    );
+    let r = Arc::new(Runner::new(
+        vec![dir.path().into()],
+        Duration::from_secs(600),
+        None,
+    ));
+    let ops = crate::op_thread::OpThreads::new(2);
+    let started = std::time::Instant::now();
+    let call = tokio::spawn({
+        let (r, ops) = (r.clone(), ops.clone());
+        async move {
+            ops.run(async move {
+                let hung = r.run(&r.find("hang").unwrap(), &env(), Vec::new()).await;
+                let later = r.run(&r.find("later").unwrap(), &env(), Vec::new()).await;
+                (hung, later)
+            })
+            .await
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !marker.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the plugin never started"
+        );
+        tokio::task::yield_now().await;
+    }
+    ops.stop();
+    let (hung, later) = call.await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "waited for the deadline"
+    );
+    assert!(matches!(hung, Err(Error::Stopped { .. })), "{hung:?}");
+    assert!(matches!(later, Err(Error::Stopped { .. })), "{later:?}");
+    assert!(!ran.exists(), "a plugin started after the stop");
+    let pid: i32 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+    };
+    while !gone() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the plugin's child survived"
+        );
         tokio::task::yield_now().await;
     }
 }

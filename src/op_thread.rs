@@ -232,11 +232,13 @@ impl Wake for Unpark {
     }
 }
 
-/// Polls `fut` to its end on this thread, parking it in between.
+/// Polls `fut` to its end on this thread, parking it in between. The
+/// future lives on the heap, not on this thread's stack, whose touched
+/// pages would stay resident for as long as the pool keeps the thread.
 fn block_on<F: Future>(fut: F) -> F::Output {
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
-    let mut fut = std::pin::pin!(fut);
+    let mut fut = Box::pin(fut);
     loop {
         if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
             return out;

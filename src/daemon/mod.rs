@@ -84,6 +84,7 @@ pub fn main(config: config::Config) -> Exit {
         }
     };
     let (notifier, watchdog) = service_manager_from_env();
+    crate::memory::few_arenas();
     let runtime = match build_runtime() {
         Ok(r) => r,
         Err(e) => {

@@ -117,6 +117,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "k8s",
             "limit",
             "logging",
+            "memory",
             "metrics",
             "notify",
             "readiness_file",

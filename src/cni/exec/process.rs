@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,10 @@ use super::{start_time, Error, Gate, Group, Journal, Plugin, PluginError};
 
 #[path = "process_here.rs"]
 mod here;
+#[path = "process_reaper.rs"]
+mod reaper;
+
+use reaper::{Handle, Note, Reaper};
 
 /// Most a plugin may print on stdout; results are a few KiB.
 pub const STDOUT_CAP: usize = 1 << 20;
@@ -391,7 +395,7 @@ enum SpawnFailure {
 /// first spawn attempt, whether it worked or not: its disk waits (an ADD's
 /// synced record) overlap the plugin's start-up, which follows the exec,
 /// and the trip wakes one blocking thread, not two. Its outcome comes back
-/// with the child; `None` for it means it never ran (the trip was lost).
+/// with the child.
 async fn spawn(
     mut cmd: std::process::Command,
     plugin: &Plugin,
@@ -400,7 +404,7 @@ async fn spawn(
     spawner: Option<Arc<Path>>,
 ) -> Result<(([Option<OwnedFd>; 3], Reaper), Option<Result<(), String>>), Error> {
     let mut tries = 0;
-    let had_work = work.is_some();
+    // The work's outcome, from the first trip (the only one it runs in).
     let mut worked: Option<Result<(), String>> = None;
     loop {
         let journal = journal.clone();
@@ -453,12 +457,8 @@ async fn spawn(
             }
         }
         // Whatever the spawn did, the work is over before the caller goes
-        // on (a failed ADD's rollback must not race the record's write).
-        let worked = if had_work {
-            Some(worked.unwrap_or_else(|| Err("the work was lost".to_string())))
-        } else {
-            None
-        };
+        // on (a failed ADD's rollback must not race the record's write):
+        // it ran in the first trip, and a lost trip returned above.
         match res {
             Ok(started) => return Ok((started, worked)),
             Err(SpawnFailure::Exec(source)) => {
@@ -712,161 +712,6 @@ pub(crate) fn kill_group(pid: u32) {
         // (still unreaped) child leads; no memory is involved.
         unsafe {
             libc::kill(-pid, libc::SIGKILL);
-        }
-    }
-}
-
-/// A plugin run noted in a journal, to be closed once the plugin is reaped.
-struct Note {
-    journal: Arc<dyn Journal>,
-    container_id: String,
-    group: Group,
-}
-
-impl Note {
-    /// Does not block (see [`Journal::finished`]).
-    fn finished(self) {
-        self.journal.finished(&self.container_id, self.group);
-    }
-}
-
-/// A started plugin: a child of plexusd, or of the plugin spawner.
-enum Handle {
-    Local(Child),
-    Remote(Remote),
-}
-
-impl Handle {
-    fn id(&self) -> u32 {
-        match self {
-            Handle::Local(child) => child.id(),
-            Handle::Remote(remote) => remote.id(),
-        }
-    }
-
-    /// Blocking: kills nothing, waits for the (killed) plugin and reaps it;
-    /// a remote one is reaped by the spawner once its connection closes.
-    fn reap_blocking(self) {
-        match self {
-            Handle::Local(mut child) => {
-                let _ = child.wait();
-            }
-            Handle::Remote(remote) => drop(remote),
-        }
-    }
-}
-
-/// Makes sure a plugin is killed and reaped, and its journal entry closed,
-/// even when the call is dropped half-way (its future cancelled).
-struct Reaper {
-    pid: u32,
-    handle: Option<Handle>,
-    note: Option<Note>,
-}
-
-impl Reaper {
-    fn new(handle: Handle, note: Option<Note>) -> Self {
-        Self {
-            pid: handle.id(),
-            handle: Some(handle),
-            note,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    /// Waits until the plugin has exited, without reaping it.
-    async fn exited(&self) {
-        match &self.handle {
-            Some(Handle::Local(_)) => wait_exit(self.pid).await,
-            Some(Handle::Remote(remote)) => {
-                // Without a pidfd there is nothing to wait on: the caller
-                // kills the group next.
-                if let Ok(fd) = remote.pidfd() {
-                    wait_pidfd(fd).await;
-                }
-            }
-            None => {}
-        }
-    }
-
-    /// Whether the plugin is a child of plexusd (not of the spawner).
-    fn is_local(&self) -> bool {
-        matches!(self.handle, Some(Handle::Local(_)))
-    }
-
-    /// Reaps the exited plugin, a child of plexusd, with try_wait; `None`
-    /// if it cannot (a remote one, or one not exited: Drop kills and reaps
-    /// it off the runtime instead).
-    fn reap_now(&mut self) -> Option<std::process::ExitStatus> {
-        match self.handle.take()? {
-            Handle::Local(mut child) => match child.try_wait() {
-                Ok(Some(s)) => Some(s),
-                _ => {
-                    self.handle = Some(Handle::Local(child));
-                    None
-                }
-            },
-            remote => {
-                self.handle = Some(remote);
-                None
-            }
-        }
-    }
-
-    /// Reaps the exited plugin; `None` if it cannot. Never blocks: a local
-    /// child is reaped with try_wait ([`Reaper::reap_now`]), a remote one
-    /// by the spawner, which answers at once.
-    async fn reap(&mut self) -> Option<std::process::ExitStatus> {
-        match self.handle.take()? {
-            local @ Handle::Local(_) => {
-                self.handle = Some(local);
-                self.reap_now()
-            }
-            // The spawner answers at once; one that does not (hung, or
-            // gone with its connection) leaves the status unknown.
-            Handle::Remote(remote) => tokio::time::timeout(REMOTE_REAP_TIMEOUT, remote.reap())
-                .await
-                .ok()
-                .and_then(Result::ok),
-        }
-    }
-
-    /// Closes the journal entry of a reaped plugin.
-    fn finish(mut self) {
-        if self.handle.is_none() {
-            if let Some(note) = self.note.take() {
-                note.finished();
-            }
-        }
-        // Otherwise Drop kills, reaps and closes the entry.
-    }
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let handle = self.handle.take();
-        let note = self.note.take();
-        if handle.is_none() && note.is_none() {
-            return;
-        }
-        if handle.is_some() {
-            kill_group(self.pid);
-        }
-        let reap = move || {
-            if let Some(handle) = handle {
-                handle.reap_blocking();
-            }
-            if let Some(note) = note {
-                note.finished();
-            }
-        };
-        if tokio::runtime::Handle::try_current().is_ok() {
-            drop(tokio::task::spawn_blocking(reap));
-        } else {
-            reap();
         }
     }
 }

@@ -12,6 +12,31 @@ fn script(dir: &Path, name: &str, body: &str) {
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// The pid a test's plugin wrote to `path`.
+fn pid_in(path: &Path) -> i32 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Waits (10 s at most, else fails with `why`) until `pid`, killed, is
+/// gone: once init reaps it /proc no longer lists it, and a zombie reads
+/// as state Z meanwhile.
+async fn wait_gone(pid: i32, why: &str) {
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gone() {
+        assert!(std::time::Instant::now() < deadline, "{why}");
+        tokio::task::yield_now().await;
+    }
+}
+
 fn env() -> CallEnv {
     CallEnv {
         command: "ADD",
@@ -141,11 +166,7 @@ async fn gate_holds_stdin() {
         };
         let out = r.run_gated(&plugin, &env(), b"config".to_vec(), work).await;
         assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
-        let pid: i32 = std::fs::read_to_string(&started)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let pid = pid_in(&started);
         if open {
             assert_eq!(out.unwrap(), b"{\"cniVersion\":\"1.0.0\"}\n");
             assert_eq!(std::fs::read(&got).unwrap(), b"config");
@@ -202,23 +223,9 @@ async fn timeout_kills_group() {
         .await
         .unwrap_err();
     assert!(matches!(e, Error::TimedOut { .. }), "{e}");
-    let pid: i32 = std::fs::read_to_string(&marker)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    // The grandchild was SIGKILLed with its group; once init reaps it,
-    // /proc no longer lists it (a zombie reads as state Z meanwhile).
-    let gone = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.contains(") Z "))
-            .unwrap_or(true)
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !gone() {
-        assert!(std::time::Instant::now() < deadline, "sleep survived");
-        tokio::task::yield_now().await;
-    }
+    let pid = pid_in(&marker);
+    // The grandchild was SIGKILLed with its group.
+    wait_gone(pid, "sleep survived").await;
 }
 
 both_ways!(
@@ -273,11 +280,7 @@ async fn big_streams() {
         .await
         .unwrap();
     assert_eq!(out, b"{}\n");
-    let pid: i32 = std::fs::read_to_string(&holder)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = pid_in(&holder);
     // SAFETY: kill(2) of the holder this test started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
 }
@@ -368,23 +371,8 @@ async fn a_stop_should_kill_the_plugin_of_a_call_on_its_own_thread_and_start_no_
     assert!(matches!(hung, Err(Error::Stopped { .. })), "{hung:?}");
     assert!(matches!(later, Err(Error::Stopped { .. })), "{later:?}");
     assert!(!ran.exists(), "a plugin started after the stop");
-    let pid: i32 = std::fs::read_to_string(&marker)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let gone = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.contains(") Z "))
-            .unwrap_or(true)
-    };
-    while !gone() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the plugin's child survived"
-        );
-        tokio::task::yield_now().await;
-    }
+    let pid = pid_in(&marker);
+    wait_gone(pid, "the plugin's child survived").await;
 }
 
 #[tokio::test]

@@ -24,6 +24,7 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -160,9 +161,20 @@ impl OpThreads {
     /// Runs `call` to its end on a thread of its own (see the module
     /// notes), or here when [`OP_THREADS`] calls run so already or the
     /// runtime is shutting down. A panic in `call` resumes here.
-    pub async fn run<F, T>(&self, call: F) -> T
+    ///
+    /// `call` is boxed before anything awaits it: a CNI call's future is
+    /// tens of kilobytes, and held inline it would be copied into every
+    /// future that awaits this one and into the task that runs them.
+    pub fn run<F, T>(&self, call: F) -> impl Future<Output = T> + Send + '_
     where
         F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.run_boxed(Box::pin(call))
+    }
+
+    async fn run_boxed<T>(&self, call: Pin<Box<dyn Future<Output = T> + Send>>) -> T
+    where
         T: Send + 'static,
     {
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
@@ -235,12 +247,11 @@ impl Wake for Unpark {
 /// Polls `fut` to its end on this thread, parking it in between. The
 /// future lives on the heap, not on this thread's stack, whose touched
 /// pages would stay resident for as long as the pool keeps the thread.
-fn block_on<F: Future>(fut: F) -> F::Output {
+fn block_on<F: Future + Unpin>(mut fut: F) -> F::Output {
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
-    let mut fut = Box::pin(fut);
     loop {
-        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+        if let Poll::Ready(out) = Pin::new(&mut fut).poll(&mut cx) {
             return out;
         }
         std::thread::park();

@@ -93,3 +93,21 @@ async fn a_panic_in_a_call_should_resume_in_its_caller_and_give_its_thread_back(
     assert!(e.is_panic());
     assert_ne!(ops.run(async { here() }).await, here());
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_should_be_held_by_pointer_not_copied_into_its_waiters() {
+    // A CNI call's future runs to tens of kilobytes; held inline, every
+    // future awaiting `run` and the task running them would carry (and
+    // copy) all of it.
+    let ops = OpThreads::new(1);
+    let state = [7u8; 64 * 1024];
+    let call = async move {
+        tokio::task::yield_now().await;
+        state.iter().map(|b| u64::from(*b)).sum::<u64>()
+    };
+    assert!(std::mem::size_of_val(&call) >= 64 * 1024);
+    let running = ops.run(call);
+    let size = std::mem::size_of_val(&running);
+    assert!(size < 2048, "run() holds {size} bytes");
+    assert_eq!(running.await, 7 * 64 * 1024);
+}

@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Instant;
 
 use serde_json::Value;
@@ -62,10 +63,18 @@ impl Meta {
     }
 }
 
-/// Serves `call` and logs its line.
-pub(super) async fn logged(
+/// Serves `call` and logs its line. `call` is boxed first, so that the
+/// futures awaiting this one hold a pointer, not the call's whole state.
+pub(super) fn logged<'a>(
     meta: Meta,
-    call: impl Future<Output = Result<Reply, Failure>>,
+    call: impl Future<Output = Result<Reply, Failure>> + Send + 'a,
+) -> impl Future<Output = Result<Reply, Failure>> + Send + 'a {
+    logged_boxed(meta, Box::pin(call))
+}
+
+async fn logged_boxed(
+    meta: Meta,
+    call: Pin<Box<dyn Future<Output = Result<Reply, Failure>> + Send + '_>>,
 ) -> Result<Reply, Failure> {
     let started = Instant::now();
     let (out, attached) = ATTACHED
@@ -186,6 +195,20 @@ fn removed(summary: &Value, ifname: &str) -> Vec<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_logged_call_should_be_held_by_pointer() {
+        let state = [1u8; 32 * 1024];
+        let call = async move {
+            tokio::task::yield_now().await;
+            assert_eq!(state.len(), 32 * 1024);
+            Ok(Reply::Done)
+        };
+        let logging = logged(Meta::default(), call);
+        let size = std::mem::size_of_val(&logging);
+        assert!(size < 2048, "logged() holds {size} bytes");
+        assert!(logging.await.is_ok());
+    }
 
     #[test]
     fn meta_should_read_the_call_and_its_pod_leniently() {

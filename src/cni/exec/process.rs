@@ -22,6 +22,8 @@ use super::{start_time, Error, Gate, Group, Journal, Plugin, PluginError};
 
 #[path = "process_here.rs"]
 mod here;
+#[cfg(test)]
+pub(super) use here::PATIENCE;
 #[path = "process_reaper.rs"]
 mod reaper;
 

@@ -5,7 +5,9 @@
 //! parent module): stdin fed, stdout and stderr read into bounded
 //! captures until the plugin exits or the deadline passes (then its group
 //! is killed), its group killed before it is reaped, the pipes drained for
-//! at most [`PIPE_GRACE`]. Nothing here awaits, so nothing can be dropped
+//! at most [`PIPE_GRACE`]. The input is written before the first poll,
+//! and the output waits in its pipes for [`PATIENCE`] once it is: a quick
+//! plugin wakes the thread once, at its exit. Nothing here awaits, so nothing can be dropped
 //! half-way; a panic leaves the plugin to the [`Reaper`]'s Drop.
 
 use std::io;
@@ -16,6 +18,10 @@ use std::sync::Arc;
 
 use super::{kill_group, Capture, Ended, Reaper, PIPE_GRACE, STDERR_CAP, STDOUT_CAP};
 use crate::op_thread::Stop;
+
+/// How long a plugin's output may wait in its pipes once its input is
+/// written (see [`run`]).
+pub(in crate::cni::exec) const PATIENCE: Duration = Duration::from_millis(50);
 
 /// A plugin's pipes (non-blocking), its pidfd, and the stop of the call's
 /// thread.
@@ -71,8 +77,11 @@ pub(super) fn run(
     let stop_fd = stop.as_ref().and_then(|s| s.fd());
     let mut out = Capture::new(STDOUT_CAP);
     let mut err = Capture::new(STDERR_CAP);
-    let mut feed = (!input.is_empty()).then_some((stdin, input, 0usize));
-    let deadline = Instant::now() + timeout;
+    // Most input fits in the pipe: written now, before the first poll.
+    let mut feed = write_some((!input.is_empty()).then_some((stdin, input, 0usize)));
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let patient_until = started + PATIENCE;
     let mut timed_out = false;
     let mut stopped = false;
     loop {
@@ -88,9 +97,16 @@ pub(super) fn run(
         if let Some((fd, _, _)) = &feed {
             fds.push(poll_fd(fd.as_fd(), libc::POLLOUT));
         }
+        // Once the input is written, the output is left in its pipes for
+        // a while: a plugin that answers and exits within it wakes this
+        // thread once, by its exit, rather than by its answer, its pipes'
+        // closing and its exit. One that writes more than a pipe holds
+        // waits at most that long to be read.
+        let patience = patient_until.checked_duration_since(Instant::now());
+        let patient = feed.is_none() && patience.is_some();
         let reading: Vec<BorrowedFd<'_>> = [(&out, &stdout), (&err, &stderr)]
             .into_iter()
-            .filter(|(c, _)| !c.is_done())
+            .filter(|(c, _)| !patient && !c.is_done())
             .map(|(_, fd)| fd.as_fd())
             .collect();
         fds.extend(reading.iter().map(|fd| poll_fd(*fd, libc::POLLIN)));
@@ -98,7 +114,11 @@ pub(super) fn run(
         if let Some(fd) = stop_fd {
             fds.push(poll_fd(fd, libc::POLLIN));
         }
-        if let Err(e) = poll(&mut fds, Some(left)) {
+        let wait = match patience {
+            Some(p) if patient => p.min(left),
+            _ => left,
+        };
+        if let Err(e) = poll(&mut fds, Some(wait)) {
             if e.kind() != io::ErrorKind::Interrupted {
                 // Out of memory for the poll table: try again shortly.
                 std::thread::sleep(Duration::from_millis(1));

@@ -285,6 +285,61 @@ async fn big_streams() {
     unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
+/// How many times this thread has slept so far.
+fn sleeps_of_this_thread() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// On a call's own thread, a plugin that answers in several writes and
+/// exits soon after wakes the thread by its exit, not once per write (nor
+/// again as its pipes close); its whole answer is still read.
+#[tokio::test(flavor = "current_thread")]
+async fn a_quick_plugins_writes_should_not_each_wake_a_calls_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    script(
+        dir.path(),
+        "chatty",
+        "cat >/dev/null; for i in 1 2 3 4 5 6; do echo $i; echo e$i >&2; sleep 0.002; done",
+    );
+    let r = Arc::new(Runner::new(
+        vec![dir.path().into()],
+        Duration::from_secs(20),
+        None,
+    ));
+    let ops = crate::op_thread::OpThreads::new(1);
+    let mut judged = 0;
+    for _ in 0..5 {
+        let r = r.clone();
+        let (out, sleeps, took) = ops
+            .run(async move {
+                let plugin = r.find("chatty").unwrap();
+                let before = sleeps_of_this_thread();
+                let started = std::time::Instant::now();
+                let out = r.run(&plugin, &env(), b"{}".to_vec()).await.unwrap();
+                (out, sleeps_of_this_thread() - before, started.elapsed())
+            })
+            .await;
+        assert_eq!(out, b"1\n2\n3\n4\n5\n6\n");
+        // Only a run that ended within the patience says anything (a
+        // loaded machine can stretch the plugin past it): its start, its
+        // exit, at most a little more; one wake per write would be 12.
+        if took < super::process::PATIENCE {
+            assert!(sleeps <= 4, "the call's thread slept {sleeps} times");
+            judged += 1;
+        }
+    }
+    if judged == 0 {
+        eprintln!("no run ended within the patience: nothing judged");
+    }
+}
+
 /// On a call's own thread the plugin run needs nothing of the runtime's
 /// thread: with that thread blocked, a plugin still runs to its answer.
 #[tokio::test(flavor = "current_thread")]

@@ -15,6 +15,7 @@
 //!   bounded time and size, before closing.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -144,6 +145,15 @@ fn with_cni_error(answer: &[u8]) -> Option<Vec<u8>> {
     .into_bytes();
     out.extend_from_slice(body.as_bytes());
     Some(out)
+}
+
+/// Whether nothing the client sent waits unread in `stream` (closing a unix
+/// socket with unread bytes resets the peer's connection).
+pub fn nothing_unread(stream: &UnixStream) -> bool {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD on a socket we own writes one int into `queued`.
+    let r = unsafe { libc::ioctl(stream.as_raw_fd(), libc::FIONREAD, &mut queued) };
+    r == 0 && queued == 0
 }
 
 /// Closes `stream` gracefully once its answer is written: shuts the write

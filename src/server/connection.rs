@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -59,11 +60,23 @@ pub(super) fn serve<H: Handler>(
     let ticket = Arc::new(ticket);
     let svc_shared = shared.clone();
     let svc_ticket = ticket.clone();
+    // Whether the answer was a success: every route reads its whole
+    // request before it can succeed.
+    let succeeded = Arc::new(AtomicBool::new(false));
+    let svc_succeeded = succeeded.clone();
     let service = hyper::service::service_fn(move |req| {
         // The head has arrived: this connection is no longer idle.
         svc_ticket.busy();
+        let route = routes::route(svc_shared.clone(), req, accepted);
+        let succeeded = svc_succeeded.clone();
         // Boxed: hyper's `poll_without_shutdown` wants an `Unpin` future.
-        Box::pin(routes::route(svc_shared.clone(), req, accepted))
+        Box::pin(async move {
+            let answer = route.await;
+            if matches!(&answer, Ok(a) if a.status().is_success()) {
+                succeeded.store(true, Ordering::Relaxed);
+            }
+            answer
+        })
     });
     let mut conn = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -100,7 +113,10 @@ pub(super) fn serve<H: Handler>(
         .await;
         shared.metrics.connections_open.dec();
         match ended {
-            Ended::Served(r) => close_served(r, conn.into_parts().io.into_inner(), permit).await,
+            Ended::Served(r) => {
+                let read_whole = succeeded.load(Ordering::Relaxed);
+                close_served(r, conn.into_parts().io.into_inner(), read_whole, permit).await
+            }
             Ended::HungUp => {
                 debug!("client hung up before its answer");
                 drop(permit);
@@ -163,10 +179,14 @@ impl ClientWatch<'_, '_> {
 }
 
 /// After hyper is done: writes what it has not written yet (its own error
-/// answer, replaced), then closes lingering, in the connection's slot.
+/// answer, replaced), then closes: at once when the whole request was read
+/// (`read_whole`) and nothing more from the client waits unread, as the
+/// answer is already in the client's socket and closing discards nothing;
+/// else lingering, in the connection's slot.
 async fn close_served(
     result: Result<(), hyper::Error>,
     mut io: ConnIo,
+    read_whole: bool,
     permit: Option<OwnedSemaphorePermit>,
 ) {
     if let Err(e) = result {
@@ -174,7 +194,10 @@ async fn close_served(
     }
     let flushed = tokio::time::timeout(conn_io::LINGER_TIME, io.flush()).await;
     if matches!(flushed, Ok(Ok(()))) {
-        conn_io::linger(io.into_stream(), None).await;
+        let stream = io.into_stream();
+        if !(read_whole && conn_io::nothing_unread(&stream)) {
+            conn_io::linger(stream, None).await;
+        }
     }
     drop(permit);
 }

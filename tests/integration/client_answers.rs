@@ -127,3 +127,48 @@ fn a_body_refused_unread_should_be_read_away_so_its_client_reads_the_413() {
     }
     assert!(d.running());
 }
+
+/// Whether the daemon closed its end of `s` (not only shut its write side)
+/// within `within`.
+fn peer_closed_within(s: &UnixStream, within: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    };
+    let ms = within.as_millis() as libc::c_int;
+    // SAFETY: one pollfd of a socket this test owns.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n == 1 && p.revents & libc::POLLHUP != 0
+}
+
+/// A client that sent its request and nothing more has the daemon's end
+/// closed as soon as its answer is written, while it keeps its own end
+/// open (lingering would keep it 2 s). One that sent more than its request
+/// is read from until it closes: its write succeeds and it reads its
+/// answer, not a reset.
+#[test]
+fn served_connections_should_close_at_once_unless_the_client_sent_more() {
+    let dir = TestDir::new("answers-close");
+    let mut d = Daemon::start(&dir, "d", json!({}));
+    d.ready();
+    let mut s = UnixStream::connect(&d.sock).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    assert_eq!(http::parse_response(&buf).unwrap().status, 200);
+    assert!(
+        peer_closed_within(&s, Duration::from_millis(1500)),
+        "the daemon kept a served connection open"
+    );
+
+    // A body of 10 bytes, then far more than the daemon reads with it.
+    let s = UnixStream::connect(&d.sock).unwrap();
+    let mut request =
+        b"POST /healthz HTTP/1.1\r\nHost: x\r\ncontent-length: 10\r\n\r\n0123456789".to_vec();
+    request.extend(std::iter::repeat_n(b'x', 1 << 20));
+    assert_eq!(exchange(s, &request), Seen::Answer(200, 0));
+}

@@ -97,7 +97,7 @@ enum Pipes {
         output: Box<Output>,
     },
     /// With poll(2), right on this thread: a call's own thread
-    /// ([`crate::op_thread`]) running a plugin it started itself.
+    /// ([`crate::op_thread`]) running a plugin (its own child, or the spawner's).
     Here(here::Pipes),
 }
 
@@ -121,8 +121,7 @@ impl Process {
         let ((pipes, reaper), worked) = spawn(cmd, plugin, journal, work, spawner).await?;
         let [stdin, stdout, stderr] = pipes;
         let pid = reaper.pid();
-        let here = stop.is_some() && reaper.is_local();
-        let pipes = match here.then(|| pidfd_open(pid)).flatten() {
+        let pipes = match stop.is_some().then(|| reaper.pidfd()).flatten() {
             Some(pidfd) => {
                 let take = |fd: Option<OwnedFd>, what| {
                     fd.ok_or_else(|| io::Error::other("pipe missing"))
@@ -174,7 +173,7 @@ impl Process {
             Pipes::Here(pipes) => {
                 kill_group(pid);
                 pipes.wait_exit();
-                let _ = reaper.reap_now();
+                let _ = reaper.reap_here();
             }
         }
         reaper.finish();

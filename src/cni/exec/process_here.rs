@@ -147,7 +147,7 @@ pub(super) fn run(
     // The plugin is a zombie now, holding its group id: kill whatever it
     // left running in the group, then reap it.
     kill_group(pid);
-    let status = reaper.reap_now();
+    let status = reaper.reap_here();
     let drained = drain(&mut out, &stdout, &mut err, &stderr);
     reaper.finish();
     Ended {

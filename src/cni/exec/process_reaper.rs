@@ -85,11 +85,6 @@ impl Reaper {
         }
     }
 
-    /// Whether the plugin is a child of plexusd (not of the spawner).
-    pub(super) fn is_local(&self) -> bool {
-        matches!(self.handle, Some(Handle::Local(_)))
-    }
-
     /// Reaps the exited plugin, a child of plexusd, with try_wait; `None`
     /// if it cannot (a remote one, or one not exited: Drop kills and reaps
     /// it off the runtime instead).
@@ -106,6 +101,28 @@ impl Reaper {
                 self.handle = Some(remote);
                 None
             }
+        }
+    }
+
+    /// Blocking, for a call's own thread: reaps the exited plugin, a local
+    /// one with try_wait ([`Reaper::reap_now`]), a remote one by the
+    /// spawner (which answers at once), waiting for it with poll(2).
+    pub(super) fn reap_here(&mut self) -> Option<std::process::ExitStatus> {
+        match self.handle.take()? {
+            Handle::Remote(remote) => remote.reap_here(REMOTE_REAP_TIMEOUT).ok(),
+            local => {
+                self.handle = Some(local);
+                self.reap_now()
+            }
+        }
+    }
+
+    /// A pidfd of the plugin: opened for a child of plexusd, a copy of the
+    /// spawner's for one of the spawner.
+    pub(super) fn pidfd(&self) -> Option<std::os::fd::OwnedFd> {
+        match self.handle.as_ref()? {
+            Handle::Local(_) => super::pidfd_open(self.pid),
+            Handle::Remote(remote) => remote.pidfd().ok(),
         }
     }
 

@@ -9,6 +9,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::ExitStatus;
+use std::time::{Duration, Instant};
 
 use nix::sys::socket::{self, SockFlag, SockType, UnixAddr};
 use std::os::unix::process::ExitStatusExt;
@@ -129,6 +130,42 @@ impl Remote {
                 Ok(result) => break result?,
                 Err(_would_block) => continue,
             }
+        };
+        match packet.decode::<Reaped>()? {
+            Reaped::Status(raw) => Ok(ExitStatus::from_raw(raw)),
+            Reaped::Failed(why) => Err(io::Error::other(format!("the plugin spawner: {why}"))),
+        }
+    }
+}
+
+impl Remote {
+    /// Blocking, for a call's own thread: [`Remote::reap`] with poll(2),
+    /// waiting at most `timeout` for the spawner's answer.
+    pub(super) fn reap_here(self, timeout: Duration) -> io::Result<ExitStatus> {
+        spawner::send(self.conn.as_fd(), &Reap { reap: true }, &[])?;
+        let deadline = Instant::now() + timeout;
+        let packet = loop {
+            match spawner::recv(self.conn.as_fd(), 0) {
+                Ok(packet) => break packet,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the plugin spawner did not answer the reap",
+                ));
+            };
+            let mut p = libc::pollfd {
+                fd: self.conn.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX);
+            // SAFETY: poll(2) of one pollfd we own. Its outcome is read
+            // back by the recv above (an error or hang-up included).
+            unsafe { libc::poll(&mut p, 1, ms) };
         };
         match packet.decode::<Reaped>()? {
             Reaped::Status(raw) => Ok(ExitStatus::from_raw(raw)),

@@ -136,7 +136,7 @@ pub fn check(path: &str, may_be_gone: bool) -> Result<Found, Error> {
     }
     let meta = file.metadata().map_err(io_err("fstat"))?;
     let id = (meta.dev(), meta.ino());
-    let own = std::fs::metadata(SELF_NETNS).map_err(|source| Error::Io {
+    let own = own_netns().map_err(|source| Error::Io {
         path: path.to_string(),
         what: "stat of /proc/self/ns/net (the host's namespace)",
         source,
@@ -150,7 +150,7 @@ pub fn check(path: &str, may_be_gone: bool) -> Result<Found, Error> {
         source,
     })?;
     for (host, reference, whose) in [
-        (Some((own.dev(), own.ino())), SELF_NETNS, "plexusd"),
+        (Some(own), SELF_NETNS, "plexusd"),
         (init, INIT_NETNS, "PID 1"),
     ] {
         if host == Some(id) {
@@ -203,6 +203,18 @@ impl InitNetns {
         // A concurrent first examination may have been kept instead.
         Ok(self.0.get().copied().unwrap_or(found))
     }
+}
+
+/// plexusd's own network namespace, stated once: plexusd never enters
+/// another (its plugins do, in processes of their own). A failed stat is
+/// not kept.
+fn own_netns() -> io::Result<NsId> {
+    static OWN: OnceLock<NsId> = OnceLock::new();
+    if let Some(id) = OWN.get() {
+        return Ok(*id);
+    }
+    let m = std::fs::metadata(SELF_NETNS)?;
+    Ok(*OWN.get_or_init(|| (m.dev(), m.ino())))
 }
 
 /// Stats `/proc/1/ns/net`.

@@ -633,6 +633,15 @@ impl Capture {
         }
     }
 
+    /// Keeps what fits of `read`, bytes read elsewhere.
+    fn keep_read(&mut self, read: &[u8]) {
+        let room = self.cap.saturating_sub(self.buf.len());
+        if read.len() > room {
+            self.cut = true;
+        }
+        self.buf.extend_from_slice(&read[..read.len().min(room)]);
+    }
+
     /// What was read and whether some was dropped; the read error if any.
     fn into_parts(self) -> io::Result<(Vec<u8>, bool)> {
         match self.error {

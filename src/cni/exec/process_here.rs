@@ -209,22 +209,15 @@ impl Capture {
     /// Reads what the pipe holds now, until it would block, EOF or an
     /// error (see [`Capture::fill`]).
     fn take_ready(&mut self, fd: BorrowedFd<'_>) {
-        if self.chunk.is_empty() {
-            self.chunk = vec![0u8; 4 << 10];
-        }
+        // On this thread's stack: no allocation per plugin run.
+        let mut chunk = [0u8; 16 << 10];
         while !self.is_done() {
             // SAFETY: read(2) into our own buffer, within its length.
-            let n = unsafe {
-                libc::read(
-                    fd.as_raw_fd(),
-                    self.chunk.as_mut_ptr().cast(),
-                    self.chunk.len(),
-                )
-            };
+            let n = unsafe { libc::read(fd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
             if n == 0 {
                 self.eof = true;
             } else if n > 0 {
-                self.keep(n as usize);
+                self.keep_read(&chunk[..n as usize]);
             } else {
                 let e = io::Error::last_os_error();
                 match e.kind() {

@@ -7,8 +7,9 @@
 //! is killed), its group killed before it is reaped, the pipes drained for
 //! at most [`PIPE_GRACE`]. The input is written before the first poll,
 //! and the output waits in its pipes for [`PATIENCE`] once it is: a quick
-//! plugin wakes the thread once, at its exit. Nothing here awaits, so nothing can be dropped
-//! half-way; a panic leaves the plugin to the [`Reaper`]'s Drop.
+//! plugin wakes the thread once, at its exit. Nothing here awaits, so
+//! nothing can be dropped half-way; a panic leaves the plugin to the
+//! [`Reaper`]'s Drop.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};

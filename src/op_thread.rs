@@ -7,8 +7,9 @@
 //! release), each a hand-off to another thread and back: two wake-ups,
 //! which on a VM cost several times the work they carry. [`OpThreads::run`]
 //! instead polls the whole call on one thread of the blocking pool, with
-//! the runtime's handle entered: timers, pipes and the plugin's pidfd stay
-//! the runtime's (its thread relays their events), tasks the call spawns
+//! the runtime's handle entered: timers and sockets stay the runtime's (its
+//! thread relays their events), a plugin's pipes and pidfd are waited for
+//! right there with poll(2) (`cni::exec`), tasks the call spawns
 //! (the Kubernetes client's connections, posted events) go to the runtime
 //! as before, and [`off_runtime`] runs the blocking work right there, as
 //! the thread may block. 300 loopback ADD+DEL pairs: see BENCHMARKS.md.

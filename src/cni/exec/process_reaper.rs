@@ -106,10 +106,15 @@ impl Reaper {
 
     /// Blocking, for a call's own thread: reaps the exited plugin, a local
     /// one with try_wait ([`Reaper::reap_now`]), a remote one by the
-    /// spawner (which answers at once), waiting for it with poll(2).
+    /// spawner (which answers at once), waiting for it with poll(2) until
+    /// its timeout or the thread's stop.
     pub(super) fn reap_here(&mut self) -> Option<std::process::ExitStatus> {
         match self.handle.take()? {
-            Handle::Remote(remote) => remote.reap_here(REMOTE_REAP_TIMEOUT).ok(),
+            Handle::Remote(remote) => {
+                let stop = crate::op_thread::stop_of_this_call();
+                let stop_fd = stop.as_ref().and_then(|s| s.fd());
+                remote.reap_here(REMOTE_REAP_TIMEOUT, stop_fd).ok()
+            }
             local => {
                 self.handle = Some(local);
                 self.reap_now()

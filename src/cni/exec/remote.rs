@@ -6,7 +6,7 @@
 //! half-way closes the connection, on which the spawner kills and reaps it.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -140,8 +140,14 @@ impl Remote {
 
 impl Remote {
     /// Blocking, for a call's own thread: [`Remote::reap`] with poll(2),
-    /// waiting at most `timeout` for the spawner's answer.
-    pub(super) fn reap_here(self, timeout: Duration) -> io::Result<ExitStatus> {
+    /// waiting at most `timeout` for the spawner's answer, and no longer
+    /// once `stop` (the call thread's stop) is readable: the connection
+    /// then closes, on which the spawner kills and reaps the plugin itself.
+    pub(super) fn reap_here(
+        self,
+        timeout: Duration,
+        stop: Option<BorrowedFd<'_>>,
+    ) -> io::Result<ExitStatus> {
         spawner::send(self.conn.as_fd(), &Reap { reap: true }, &[])?;
         let deadline = Instant::now() + timeout;
         let packet = loop {
@@ -157,15 +163,26 @@ impl Remote {
                     "the plugin spawner did not answer the reap",
                 ));
             };
-            let mut p = libc::pollfd {
-                fd: self.conn.as_raw_fd(),
+            let watch = |fd: i32| libc::pollfd {
+                fd,
                 events: libc::POLLIN,
                 revents: 0,
             };
+            // Without a stop, -1: poll(2) ignores the entry.
+            let mut fds = [
+                watch(self.conn.as_raw_fd()),
+                watch(stop.map_or(-1, |s| s.as_raw_fd())),
+            ];
             let ms = i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX);
-            // SAFETY: poll(2) of one pollfd we own. Its outcome is read
-            // back by the recv above (an error or hang-up included).
-            unsafe { libc::poll(&mut p, 1, ms) };
+            // SAFETY: poll(2) of two pollfds we own, their count as nfds.
+            // The connection's outcome is read back by the recv above (an
+            // error or hang-up included).
+            unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            if fds[1].revents != 0 {
+                return Err(io::Error::other(
+                    "the daemon stops: the plugin spawner reaps the plugin itself",
+                ));
+            }
         };
         match packet.decode::<Reaped>()? {
             Reaped::Status(raw) => Ok(ExitStatus::from_raw(raw)),
@@ -225,4 +242,66 @@ fn unreachable_spawner(socket: &Path, e: &io::Error) -> io::Error {
 /// A close-on-exec pipe: (read end, write end).
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// Plexusd's end of a connection to a spawner (non-blocking, as after
+    /// a start) and the spawner's end.
+    fn connection() -> (Remote, OwnedFd) {
+        let (ours, spawner) = socket::socketpair(
+            socket::AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        )
+        .unwrap();
+        nix::fcntl::fcntl(
+            &spawner,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()),
+        )
+        .unwrap();
+        // The pidfd plays no part in the reap.
+        let pidfd = ours.try_clone().unwrap();
+        let remote = Remote {
+            conn: ours,
+            pid: 0,
+            pidfd,
+        };
+        (remote, spawner)
+    }
+
+    #[test]
+    fn a_reap_on_a_calls_thread_should_ask_the_spawner_and_read_its_answer() {
+        let (remote, spawner) = connection();
+        let answer = std::thread::spawn(move || {
+            let asked = spawner::recv(spawner.as_fd(), 0).unwrap();
+            assert!(asked.decode::<Reap>().unwrap().reap);
+            spawner::send(spawner.as_fd(), &Reaped::Status(3 << 8), &[]).unwrap();
+            spawner
+        });
+        let status = remote.reap_here(Duration::from_secs(10), None).unwrap();
+        assert_eq!(status.code(), Some(3));
+        drop(answer.join().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_stop_should_end_a_reap_that_the_spawner_leaves_unanswered() {
+        let (remote, _spawner) = connection();
+        let ops = crate::op_thread::OpThreads::new(1);
+        ops.stop();
+        let (took, out) = ops
+            .run(async move {
+                let stop = crate::op_thread::stop_of_this_call().unwrap();
+                let started = Instant::now();
+                let out = remote.reap_here(Duration::from_secs(10), stop.fd());
+                (started.elapsed(), out)
+            })
+            .await;
+        assert!(out.is_err());
+        assert!(took < Duration::from_secs(5), "the reap waited {took:?}");
+    }
 }

@@ -21,6 +21,33 @@ fn fds(pid: i32) -> usize {
         .count()
 }
 
+/// How many connections accepted on `port` (IPv4) the process holds: its
+/// descriptors that are sockets the kernel lists in /proc/net/tcp with
+/// `port` as their local port and a state other than LISTEN. Counting all
+/// descriptors instead would also count what the daemon opens and closes
+/// on its own after it is ready (a state file, a spare record).
+fn accepted_on(pid: i32, port: u16) -> usize {
+    let tcp = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
+    let wanted: std::collections::HashSet<String> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f.get(1)?.rsplit(':').next()?;
+            let listening = *f.get(3)? == "0A";
+            let inode = f.get(9)?;
+            (u16::from_str_radix(local_port, 16).ok()? == port && !listening)
+                .then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| wanted.contains(&*l.to_string_lossy()))
+        .count()
+}
+
 fn get_metrics(ip: &str, port: u16) -> std::io::Result<http::Response> {
     let mut s = TcpStream::connect((ip.parse::<IpAddr>().unwrap(), port))?;
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
@@ -41,11 +68,13 @@ fn flood_of_idle_connections_should_not_pin_descriptors() {
         .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
         .collect();
     wait_until(T, "the listener to fill up to its cap", || {
-        fds(d.pid()) >= before + CAP
+        accepted_on(d.pid(), port) >= CAP
     });
     // The unix socket still answers while the flood waits.
     let r = http::request(&d.sock, "GET", "/metrics", b"").unwrap();
     assert_eq!(r.status, 200);
+    let held = accepted_on(d.pid(), port);
+    assert!(held <= CAP, "{held} metrics connections held, cap {CAP}");
     let during = fds(d.pid());
     eprintln!("fds: {before} before, {during} with 200 idle metrics clients");
     assert!(
@@ -97,10 +126,9 @@ fn drain_should_close_metrics_connections() {
     let cfg = json!({"metricsPort": port, "readTimeout": "60s", "shutdownTimeout": "60s"});
     let mut d = Daemon::start(&dir, "d", cfg);
     d.ready();
-    let before = fds(d.pid());
     let mut idle = TcpStream::connect(("127.0.0.1", port)).unwrap();
     wait_until(T, "the idle metrics client accepted", || {
-        fds(d.pid()) > before
+        accepted_on(d.pid(), port) == 1
     });
     // A request in progress on the unix socket holds the drain open.
     let mut slow = std::os::unix::net::UnixStream::connect(&d.sock).unwrap();

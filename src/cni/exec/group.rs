@@ -38,6 +38,77 @@ pub fn start_time(pid: i32) -> Option<u64> {
     read_stat(pid).map(|s| s.start_time)
 }
 
+/// CLOCK_BOOTTIME in nanoseconds: the clock a process's start time is taken
+/// from. Read just before and just after a spawn, it brackets the child's
+/// start (see [`SpawnClock`]).
+pub fn boottime_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec we own.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u64::try_from(ts.tv_nsec).ok()?;
+    secs.checked_mul(1_000_000_000)?.checked_add(nanos)
+}
+
+/// The boot clock read around a spawn, to know the child's start time
+/// without reading `/proc/<pid>/stat`. That read waits while the child is
+/// still in its exec (the kernel takes the child's exec lock to format the
+/// line), so the spawning thread would sleep once more per plugin.
+///
+/// The kernel stamps a new process with the boot clock as it creates it
+/// (`start_boottime`, between the two readings here) and shows it in
+/// field 22 as whole clock ticks (`nsec_to_clock_t`: the nanoseconds
+/// divided by 10^9 / `USER_HZ`, rounded down). When both readings fall in
+/// the same tick, so does the start, and that tick is its start time
+/// exactly; when a tick boundary lies between them, only /proc can say.
+#[derive(Debug, Clone, Copy)]
+pub struct SpawnClock {
+    before: Option<u64>,
+    after: Option<u64>,
+}
+
+impl SpawnClock {
+    /// Read right before the spawn.
+    pub fn start() -> Self {
+        Self {
+            before: boottime_ns(),
+            after: None,
+        }
+    }
+
+    /// Read right after the spawn returned.
+    pub fn stop(self) -> Self {
+        Self {
+            after: boottime_ns(),
+            ..self
+        }
+    }
+
+    /// The start time (in clock ticks) of a process created between the
+    /// two readings, when both are in one tick.
+    pub fn start_ticks(self) -> Option<u64> {
+        same_tick(self.before?, self.after?, clock_tick_ns()?)
+    }
+}
+
+/// Nanoseconds per clock tick of `/proc/<pid>/stat`, when a whole number.
+fn clock_tick_ns() -> Option<u64> {
+    // SAFETY: sysconf(3) reads a constant of the system; no memory is involved.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    (hz > 0 && 1_000_000_000 % hz == 0).then(|| 1_000_000_000 / hz)
+}
+
+/// The tick holding both `before` and `after` (ns), if they share one.
+fn same_tick(before: u64, after: u64, tick_ns: u64) -> Option<u64> {
+    let (first, last) = (before / tick_ns, after / tick_ns);
+    (before <= after && first == last).then_some(first)
+}
+
 /// What the runner needs of `/proc/<pid>/stat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stat {
@@ -269,5 +340,48 @@ mod read_tests {
         assert!(!stat.zombie);
         assert!(stat.start_time > 0);
         assert_eq!(read_proc_file("/proc/self/no-such-file"), None);
+    }
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use super::*;
+
+    #[test]
+    fn a_start_time_should_be_known_only_within_one_tick() {
+        let tick = 10_000_000;
+        assert_eq!(same_tick(30_000_000, 39_999_999, tick), Some(3));
+        assert_eq!(same_tick(35_000_000, 35_000_000, tick), Some(3));
+        // A boundary between the readings: the start may be either side.
+        assert_eq!(same_tick(39_999_999, 40_000_000, tick), None);
+        assert_eq!(same_tick(35_000_000, 45_000_000, tick), None);
+        // A clock that went back says nothing.
+        assert_eq!(same_tick(36_000_000, 35_000_000, tick), None);
+        let unread = SpawnClock {
+            before: None,
+            after: boottime_ns(),
+        };
+        assert_eq!(unread.start_ticks(), None);
+    }
+
+    /// The spawn clock's start time is the one /proc shows, which a later
+    /// daemon compares with the recorded one before it kills a group.
+    #[test]
+    fn a_spawn_clocks_start_time_should_be_the_one_in_proc() {
+        let mut known = 0;
+        for _ in 0..200 {
+            let clock = SpawnClock::start();
+            let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
+            let clock = clock.stop();
+            // Not reaped yet: its stat line stays.
+            let in_proc = start_time(child.id() as i32).unwrap();
+            if let Some(ticks) = clock.start_ticks() {
+                assert_eq!(ticks, in_proc, "pid {}", child.id());
+                known += 1;
+            }
+            child.wait().unwrap();
+        }
+        // A spawn takes a fraction of a tick (10 ms): most fall in one.
+        assert!(known >= 100, "only {known} of 200 spawns within one tick");
     }
 }

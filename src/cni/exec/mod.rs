@@ -33,7 +33,7 @@ mod runner;
 mod tests;
 
 pub use error::{Error, PluginError};
-pub use group::{kill_stale_group, start_time, Group, Journal};
+pub use group::{kill_stale_group, start_time, Group, Journal, SpawnClock};
 pub use process::{run_command, Finished, STDERR_CAP, STDOUT_CAP};
 pub use runner::{CallEnv, Plugin, Runner, VERSION_RETRY, VERSION_TIMEOUT};
 

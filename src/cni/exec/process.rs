@@ -18,7 +18,7 @@ use tokio::net::unix::pipe;
 
 use super::error::io_error;
 use super::remote::Remote;
-use super::{start_time, Error, Gate, Group, Journal, Plugin, PluginError};
+use super::{start_time, Error, Gate, Group, Journal, Plugin, PluginError, SpawnClock};
 
 #[path = "process_here.rs"]
 mod here;
@@ -412,6 +412,7 @@ async fn spawn(
         let spawner = spawner.clone();
         let work_now = work.take();
         let trip = crate::op_thread::off_runtime(move || {
+            let clock = SpawnClock::start();
             let spawned = match &spawner {
                 Some(socket) => Remote::spawn(socket, &cmd).map(|(remote, p)| {
                     let pipes = [Some(p.stdin), Some(p.stdout), Some(p.stderr)];
@@ -426,8 +427,9 @@ async fn spawn(
                     (pipes, Handle::Local(child))
                 }),
             };
+            let clock = clock.stop();
             let r = match spawned {
-                Ok((pipes, handle)) => start(handle, journal).map(|reaper| (pipes, reaper)),
+                Ok((pipes, handle)) => start(handle, journal, clock).map(|reaper| (pipes, reaper)),
                 Err(e) => Err(SpawnFailure::Exec(e)),
             };
             // The plugin starts up (or the spawn failed) while this runs;
@@ -483,10 +485,12 @@ async fn spawn(
 
 /// Blocking: notes a just spawned plugin in the journal. When that fails,
 /// the plugin is killed and reaped before it has read anything (its stdin
-/// was not written).
+/// was not written). Its start time is `clock`'s when the spawn took no
+/// tick boundary, else read from /proc.
 fn start(
     handle: Handle,
     journal: Option<(Arc<dyn Journal>, String)>,
+    clock: SpawnClock,
 ) -> Result<Reaper, SpawnFailure> {
     let pid = handle.id();
     let Some((journal, container_id)) = journal else {
@@ -496,7 +500,8 @@ fn start(
         .ok()
         .and_then(|pgid| {
             // The unreaped child is still in /proc, even if it exited.
-            start_time(pgid).map(|start_time| Group { pgid, start_time })
+            let start_time = clock.start_ticks().or_else(|| start_time(pgid))?;
+            Some(Group { pgid, start_time })
         })
         .ok_or_else(|| {
             io::Error::other(format!(

@@ -3,6 +3,7 @@
 //! later daemon when a crashed one left them ([`kill_stale_group`]).
 
 use std::io;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use super::process::pidfd_open;
@@ -93,6 +94,40 @@ impl SpawnClock {
     /// two readings, when both are in one tick.
     pub fn start_ticks(self) -> Option<u64> {
         same_tick(self.before?, self.after?, clock_tick_ns()?)
+    }
+
+    /// The start time of `pid`, created between the two readings: the
+    /// clock's when it knows it and this kernel has been seen to agree,
+    /// else field 22 of `/proc/<pid>/stat`. The first spawn the clock knows
+    /// is checked against /proc once per process; a kernel that disagrees
+    /// (one that stamped processes with another clock) is read in /proc
+    /// from then on.
+    pub fn start_time_of(self, pid: i32) -> Option<u64> {
+        static AGREES: AtomicU8 = AtomicU8::new(UNCHECKED);
+        pick_start_time(&AGREES, self.start_ticks(), || start_time(pid))
+    }
+}
+
+const UNCHECKED: u8 = 0;
+const AGREES: u8 = 1;
+const DISAGREES: u8 = 2;
+
+/// [`SpawnClock::start_time_of`]'s choice, with what is known of this
+/// kernel in `agrees`.
+fn pick_start_time(
+    agrees: &AtomicU8,
+    from_clock: Option<u64>,
+    from_proc: impl FnOnce() -> Option<u64>,
+) -> Option<u64> {
+    match (agrees.load(Ordering::Relaxed), from_clock) {
+        (AGREES, Some(ticks)) => Some(ticks),
+        (UNCHECKED, Some(ticks)) => {
+            let read = from_proc()?;
+            let seen = if read == ticks { AGREES } else { DISAGREES };
+            agrees.store(seen, Ordering::Relaxed);
+            Some(read)
+        }
+        _ => from_proc(),
     }
 }
 
@@ -362,6 +397,29 @@ mod clock_tests {
             after: boottime_ns(),
         };
         assert_eq!(unread.start_ticks(), None);
+    }
+
+    #[test]
+    fn the_clock_should_be_trusted_only_once_proc_has_agreed() {
+        let agrees = AtomicU8::new(UNCHECKED);
+        // Unchecked: /proc is read, and it agrees.
+        assert_eq!(pick_start_time(&agrees, Some(7), || Some(7)), Some(7));
+        assert_eq!(agrees.load(Ordering::Relaxed), AGREES);
+        // From then on /proc is not read when the clock knows...
+        let unread = || -> Option<u64> { panic!("/proc read though the clock agreed") };
+        assert_eq!(pick_start_time(&agrees, Some(9), unread), Some(9));
+        // ... and read when it does not.
+        assert_eq!(pick_start_time(&agrees, None, || Some(11)), Some(11));
+
+        let disagrees = AtomicU8::new(UNCHECKED);
+        // /proc wins, and the clock is not used again.
+        assert_eq!(pick_start_time(&disagrees, Some(7), || Some(8)), Some(8));
+        assert_eq!(pick_start_time(&disagrees, Some(9), || Some(10)), Some(10));
+        assert_eq!(disagrees.load(Ordering::Relaxed), DISAGREES);
+        // A process already gone from /proc: nothing is learnt.
+        let unchecked = AtomicU8::new(UNCHECKED);
+        assert_eq!(pick_start_time(&unchecked, Some(7), || None), None);
+        assert_eq!(unchecked.load(Ordering::Relaxed), UNCHECKED);
     }
 
     /// The spawn clock's start time is the one /proc shows, which a later

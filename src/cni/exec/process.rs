@@ -18,7 +18,7 @@ use tokio::net::unix::pipe;
 
 use super::error::io_error;
 use super::remote::Remote;
-use super::{start_time, Error, Gate, Group, Journal, Plugin, PluginError, SpawnClock};
+use super::{Error, Gate, Group, Journal, Plugin, PluginError, SpawnClock};
 
 #[path = "process_here.rs"]
 mod here;
@@ -486,7 +486,7 @@ async fn spawn(
 /// Blocking: notes a just spawned plugin in the journal. When that fails,
 /// the plugin is killed and reaped before it has read anything (its stdin
 /// was not written). Its start time is `clock`'s when the spawn took no
-/// tick boundary, else read from /proc.
+/// tick boundary (see [`SpawnClock::start_time_of`]), else read from /proc.
 fn start(
     handle: Handle,
     journal: Option<(Arc<dyn Journal>, String)>,
@@ -500,7 +500,7 @@ fn start(
         .ok()
         .and_then(|pgid| {
             // The unreaped child is still in /proc, even if it exited.
-            let start_time = clock.start_ticks().or_else(|| start_time(pgid))?;
+            let start_time = clock.start_time_of(pgid)?;
             Some(Group { pgid, start_time })
         })
         .ok_or_else(|| {

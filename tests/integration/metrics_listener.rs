@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::support::daemon::{retry_interrupted, wait_until, Daemon, TestDir};
 use crate::support::http;
+use crate::support::procnet;
 
 const T: Duration = Duration::from_secs(20);
 /// The listener's cap (server::metrics_port::MAX_CONNECTIONS).
@@ -21,31 +22,11 @@ fn fds(pid: i32) -> usize {
         .count()
 }
 
-/// How many connections accepted on `port` (IPv4) the process holds: its
-/// descriptors that are sockets the kernel lists in /proc/net/tcp with
-/// `port` as their local port and a state other than LISTEN. Counting all
-/// descriptors instead would also count what the daemon opens and closes
-/// on its own after it is ready (a state file, a spare record).
+/// How many connections accepted on `port` the process holds. Counting
+/// all its descriptors instead would also count what the daemon opens and
+/// closes on its own meanwhile.
 fn accepted_on(pid: i32, port: u16) -> usize {
-    let tcp = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
-    let wanted: std::collections::HashSet<String> = tcp
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let local_port = f.get(1)?.rsplit(':').next()?;
-            let listening = *f.get(3)? == "0A";
-            let inode = f.get(9)?;
-            (u16::from_str_radix(local_port, 16).ok()? == port && !listening)
-                .then(|| format!("socket:[{inode}]"))
-        })
-        .collect();
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return 0;
-    };
-    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|l| wanted.contains(&*l.to_string_lossy()))
-        .count()
+    procnet::descriptors_among(pid, &procnet::socket_inodes(pid, procnet::End::Local, port))
 }
 
 fn get_metrics(ip: &str, port: u16) -> std::io::Result<http::Response> {

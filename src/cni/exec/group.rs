@@ -42,7 +42,7 @@ pub fn start_time(pid: i32) -> Option<u64> {
 /// CLOCK_BOOTTIME in nanoseconds: the clock a process's start time is taken
 /// from. Read just before and just after a spawn, it brackets the child's
 /// start (see [`SpawnClock`]).
-pub fn boottime_ns() -> Option<u64> {
+fn boottime_ns() -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -628,11 +628,9 @@ impl Capture {
     /// Keeps what fits of the `n` bytes just read into the chunk; a full
     /// chunk makes the next read larger.
     fn keep(&mut self, n: usize) {
-        let room = self.cap.saturating_sub(self.buf.len());
-        if n > room {
-            self.cut = true;
-        }
-        self.buf.extend_from_slice(&self.chunk[..n.min(room)]);
+        let chunk = std::mem::take(&mut self.chunk);
+        self.keep_read(&chunk[..n]);
+        self.chunk = chunk;
         if n == self.chunk.len() && n < 16 << 10 {
             self.chunk.resize(16 << 10, 0);
         }

@@ -13,6 +13,7 @@ pub mod kubelet;
 pub mod lock;
 pub mod multus;
 pub mod netns;
+pub mod procnet;
 pub mod shim;
 pub mod systemd;
 pub mod tmpfs;

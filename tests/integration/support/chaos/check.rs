@@ -18,6 +18,7 @@ use super::World;
 use crate::support::containerd::{try_ifaces_in, Pod};
 use crate::support::cri_client::SANDBOX_READY;
 use crate::support::netns::bridge_ports;
+use crate::support::procnet;
 
 /// Interface -> its IPv4 addresses (bare), sorted.
 pub type Addrs = BTreeMap<String, BTreeSet<String>>;
@@ -363,7 +364,7 @@ impl Usage {
             .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
             .map(|t| t.display().to_string())
             .collect();
-        let api = api_sockets(pid, api_port);
+        let api = procnet::socket_inodes(pid, procnet::End::Remote, api_port);
         Usage {
             fds: targets.len(),
             threads: fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()),
@@ -382,24 +383,4 @@ impl Usage {
     pub fn own_fds(&self) -> usize {
         self.fds - self.api_connections
     }
-}
-
-/// Socket inodes of `pid`'s network namespace's TCP connections to
-/// `port` (/proc/<pid>/net/tcp and tcp6: remote address is column 3,
-/// inode column 10).
-fn api_sockets(pid: i32, port: u16) -> BTreeSet<String> {
-    let hex = format!(":{port:04X}");
-    ["tcp", "tcp6"]
-        .iter()
-        .filter_map(|f| fs::read_to_string(format!("/proc/{pid}/net/{f}")).ok())
-        .flat_map(|t| {
-            t.lines()
-                .skip(1)
-                .filter_map(|l| {
-                    let cols: Vec<&str> = l.split_whitespace().collect();
-                    (cols.get(2)?.ends_with(&hex)).then(|| cols.get(9).map(|s| s.to_string()))?
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect()
 }
